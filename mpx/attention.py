@@ -1,0 +1,167 @@
+"""Masked attention as pure functions: logits = q·kᵀ/√d + log σ(M).
+
+Layout follows Flax: queries `[..., N, H, D]` (batch dims, tokens, heads, head dim).
+The mask parameter `M` ("mask logits") is `[N, N]` (shared by heads) or `[..., H, N, N]`
+(per head, optionally with leading batch dims; `H = 1` broadcasts over heads).
+
+`log σ(M) ≤ 0`, so a mask prior can only suppress. Causal and padding masks are *hard*
+(−inf) and compose with the soft prior; a query row with no allowed key returns zeros
+rather than NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+IMPLEMENTATIONS = ("reference", "jax")
+
+
+def mask_bias(mask_logits: Array) -> Array:
+  """`log σ(M)` in float32, computed stably as `-softplus(-M)`.
+
+  The gradient is `σ(−M)` (the paper's Theorem 1): bounded by 1 and independent of
+  feature norms, which is why a mask prior moves slowly and persists.
+  """
+  return jax.nn.log_sigmoid(jnp.asarray(mask_logits, jnp.float32))
+
+
+def _check_qkv(q: Array, k: Array, v: Array) -> None:
+  if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
+    raise ValueError(
+        "masked_attention expects q, k, v of the same rank >= 3 laid out "
+        f"[..., tokens, heads, head_dim]; got q{q.shape}, k{k.shape}, v{v.shape}.")
+  if k.shape[-2:] != q.shape[-2:]:
+    raise ValueError(
+        f"q and k must agree on (heads, head_dim); got q{q.shape} and k{k.shape}.")
+  if v.shape[-3:-1] != k.shape[-3:-1]:
+    raise ValueError(
+        f"k and v must agree on (tokens, heads); got k{k.shape} and v{v.shape}.")
+
+
+def _bias_BHNN(mask_logits: Array, num_heads: int, n_q: int, n_k: int) -> Array:
+  """Validates the mask's shape and returns `log σ(M)` shaped `[..., H or 1, Nq, Nk]`."""
+  m = jnp.asarray(mask_logits)
+  if m.ndim < 2:
+    raise ValueError(
+        f"mask_logits must be [N, N] or [..., H, N, N]; got rank {m.ndim} {m.shape}.")
+  if m.shape[-2:] != (n_q, n_k):
+    raise ValueError(
+        f"mask_logits ends in {m.shape[-2:]} but the attention is {n_q} queries x "
+        f"{n_k} keys; build the prior for N = {n_k} tokens (CLS included).")
+  if m.ndim == 2:
+    m = m[None]
+  elif m.shape[-3] not in (1, num_heads):
+    raise ValueError(
+        f"mask_logits has {m.shape[-3]} heads (shape {m.shape}) but q has "
+        f"{num_heads}; use [N, N] for a mask shared by heads or stack one per head.")
+  return mask_bias(m)
+
+
+def _allowed_BHNN(n_q: int, n_k: int, causal: bool,
+                  padding_mask: Array | None) -> Array | None:
+  """The hard mask as booleans broadcastable to `[..., H, Nq, Nk]`, or None."""
+  allowed = None
+  if causal:
+    # Query i sees keys j <= i, aligned at the end when Nq < Nk (decoding with a cache).
+    q_pos = jnp.arange(n_q)[:, None] + (n_k - n_q)
+    allowed = jnp.arange(n_k)[None, :] <= q_pos
+  if padding_mask is not None:
+    pad = jnp.asarray(padding_mask)
+    if pad.dtype != jnp.bool_:
+      raise ValueError(f"padding_mask must be boolean (True = real token); got {pad.dtype}.")
+    if pad.ndim < 1 or pad.shape[-1] != n_k:
+      raise ValueError(
+          f"padding_mask must be [..., N] with N = {n_k} keys; got {pad.shape}.")
+    pad = pad[..., None, None, :]
+    allowed = pad if allowed is None else jnp.logical_and(allowed, pad)
+  return allowed
+
+
+def attention_logits(q: Array, k: Array, mask_logits: Array | None = None) -> Array:
+  """`q·kᵀ/√d + log σ(M)` in float32, shaped `[..., H, Nq, Nk]`."""
+  _check_qkv(q, k, k)
+  q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  logits = jnp.einsum("...qhd,...khd->...hqk", q, k,
+                      preferred_element_type=jnp.float32)
+  if mask_logits is not None:
+    logits = logits + _bias_BHNN(mask_logits, q.shape[-2], q.shape[-3], k.shape[-3])
+  return logits
+
+
+def masked_softmax(logits: Array, allowed: Array | None) -> Array:
+  """Softmax over the last axis with disallowed entries at −inf.
+
+  A row with no allowed entry gives all-zero probabilities (and zero gradients) instead
+  of NaN, so padded queries cannot poison a batch.
+  """
+  if allowed is None:
+    return jax.nn.softmax(logits, axis=-1)
+  logits = jnp.where(allowed, logits, -jnp.inf)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+  unnormalized = jnp.exp(logits - row_max)
+  total = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  return unnormalized / jnp.where(total > 0, total, 1.0)
+
+
+def attention_weights(q: Array, k: Array, mask_logits: Array | None = None, *,
+                      causal: bool = False, padding_mask: Array | None = None) -> Array:
+  """Attention probabilities `[..., H, Nq, Nk]` (float32): what the prior is shaping."""
+  logits = attention_logits(q, k, mask_logits)
+  allowed = _allowed_BHNN(q.shape[-3], k.shape[-3], causal, padding_mask)
+  return masked_softmax(logits, allowed)
+
+
+def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = None, *,
+                     causal: bool = False, padding_mask: Array | None = None,
+                     implementation: str = "reference") -> Array:
+  """Attention with an additive mask prior: softmax(q·kᵀ/√d + log σ(M)) v.
+
+  Args:
+    q, k, v: `[..., N, H, D]`; any dtype, logits and softmax are float32.
+    mask_logits: the prior's parameter M, `[N, N]` or `[..., H, N, N]`; None = no prior.
+    causal: key j is visible to query i only if j <= i.
+    padding_mask: `[..., N]` booleans, True for real key tokens.
+    implementation: "reference" (einsum + float32 softmax, every backend) or "jax"
+      (`jax.nn.dot_product_attention` with `bias=log σ(M)`, which can use fused
+      kernels on GPU). Both give the same result.
+
+  Returns:
+    `[..., N, H, D]` in v's dtype.
+  """
+  _check_qkv(q, k, v)
+  if implementation == "jax":
+    return _masked_attention_jax(q, k, v, mask_logits, causal, padding_mask)
+  if implementation != "reference":
+    raise ValueError(
+        f"unknown implementation {implementation!r}; choose one of {IMPLEMENTATIONS}.")
+  probs = attention_weights(q, k, mask_logits, causal=causal, padding_mask=padding_mask)
+  out = jnp.einsum("...hqk,...khd->...qhd", probs.astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)
+  return out.astype(v.dtype)
+
+
+def _masked_attention_jax(q, k, v, mask_logits, causal, padding_mask):
+  """Routes through `jax.nn.dot_product_attention` (fused cuDNN kernels on GPU)."""
+  n_q, num_heads, n_k = q.shape[-3], q.shape[-2], k.shape[-3]
+  batch_shape = q.shape[:-3]
+  flat = lambda x: x.reshape((math.prod(batch_shape),) + x.shape[-3:])
+  bias = None
+  if mask_logits is not None:
+    bias = _bias_BHNN(mask_logits, num_heads, n_q, n_k)
+    bias = jnp.broadcast_to(bias, batch_shape + (num_heads, n_q, n_k))
+    bias = bias.reshape((-1, num_heads, n_q, n_k)).astype(q.dtype)
+  allowed = _allowed_BHNN(n_q, n_k, causal, padding_mask)
+  mask = None
+  if allowed is not None:
+    allowed = jnp.broadcast_to(allowed, batch_shape + (num_heads, n_q, n_k))
+    mask = allowed.reshape((-1, num_heads, n_q, n_k))
+  out = jax.nn.dot_product_attention(flat(q), flat(k), flat(v), bias=bias, mask=mask)
+  if mask is not None:  # Match the reference: rows with no visible key give zeros.
+    out = jnp.where(jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None], out, 0)
+  return out.reshape(q.shape[:-1] + v.shape[-1:])

@@ -1,0 +1,150 @@
+"""The GOTU TokenTransformer (Abbe et al. 2023) with a mask prior in chosen layers.
+
+One token per input symbol, a learned CLS token in front, learned absolute position
+embeddings, pre-LayerNorm blocks, readout LayerNorm(CLS) → Linear. With
+`init_style="torch"` every parameter is drawn as PyTorch draws it in the GOTU code,
+because the baselines' collapse onto the min-degree interpolator depends on init scales.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from mpx import priors
+from mpx.nn import initializers
+from mpx.nn.attention import MaskedSelfAttention
+
+READOUTS = ("cls", "tokens")
+
+
+def boolean_tokens(x_BN: jax.Array) -> jax.Array:
+  """±1 inputs → token ids {0, 1}, as the GOTU code's `(x + 1) / 2`."""
+  return ((jnp.asarray(x_BN) + 1) // 2).astype(jnp.int32)
+
+
+class Mlp(nn.Module):
+  hidden: int
+  init_style: str = "torch"
+
+  @nn.compact
+  def __call__(self, x):
+    width = x.shape[-1]
+    kw = lambda fan_in: _dense_inits(self.init_style, fan_in)
+    x = nn.Dense(self.hidden, name="fc1", **kw(width))(x)
+    x = nn.gelu(x, approximate=False)  # PyTorch nn.GELU() is the exact erf form.
+    return nn.Dense(width, name="fc2", **kw(self.hidden))(x)
+
+
+def _dense_inits(init_style: str, fan_in: int) -> dict:
+  if init_style == "torch":
+    return dict(kernel_init=initializers.torch_linear_kernel,
+                bias_init=initializers.torch_linear_bias(fan_in))
+  if init_style == "flax":
+    return {}
+  raise ValueError(f"init_style={init_style!r}; choose 'torch' or 'flax'.")
+
+
+def _layer_norm(name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=1e-5, name=name)  # PyTorch's default eps.
+
+
+class Block(nn.Module):
+  """Pre-LN block: x + Attn(LN(x)), then x + MLP(LN(x)).
+
+  `make_attention` is a configured constructor (`functools.partial(MaskedSelfAttention,
+  ...)`) so a model can give each layer its own mask settings.
+  """
+  make_attention: Callable[..., MaskedSelfAttention]
+  mlp_dim: int
+  init_style: str = "torch"
+
+  @nn.compact
+  def __call__(self, x_BND, padding_mask_BN=None):
+    attention = self.make_attention(name="attention")
+    x_BND = x_BND + attention(_layer_norm("attention_norm")(x_BND), padding_mask_BN)
+    mlp = Mlp(self.mlp_dim, self.init_style, name="mlp")
+    return x_BND + mlp(_layer_norm("mlp_norm")(x_BND))
+
+
+class TokenTransformer(nn.Module):
+  """Transformer over token ids `[B, n]` → `[B, out_features]` (CLS readout) or
+  `[B, N, out_features]` (per-token readout, e.g. a causal LM).
+
+  Attributes:
+    vocab_size: 2 for Boolean inputs (see `boolean_tokens`).
+    width, depth, num_heads, head_dim, mlp_dim: the GOTU model is 256, 12, 6, 64, 256.
+    out_features: 1 for the Boolean regression.
+    cls_token: prepend a learned CLS token (token 0).
+    readout: "cls" or "tokens".
+    mask_layers: indices of the layers that carry a `mask_logits` param; None = all.
+    per_head_mask, mask_init, learnable_mask: see `MaskedSelfAttention`. `mask_init`
+      sees the full sequence length N (CLS included).
+    causal: hard causal attention (LM use).
+  """
+  vocab_size: int = 2
+  width: int = 256
+  depth: int = 12
+  num_heads: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 256
+  out_features: int = 1
+  cls_token: bool = True
+  readout: str = "cls"
+  mask_layers: Sequence[int] | None = None
+  per_head_mask: bool = True
+  mask_init: Callable = priors.neutral_init
+  learnable_mask: bool = True
+  causal: bool = False
+  init_style: str = "torch"
+  implementation: str = "reference"
+
+  def _check_config(self):
+    if self.readout not in READOUTS:
+      raise ValueError(f"readout={self.readout!r}; choose one of {READOUTS}.")
+    if self.readout == "cls" and not self.cls_token:
+      raise ValueError("readout='cls' needs cls_token=True.")
+    layers = range(self.depth) if self.mask_layers is None else self.mask_layers
+    bad = [i for i in layers if not 0 <= i < self.depth]
+    if bad:
+      raise ValueError(f"mask_layers {bad} are outside the {self.depth} layers.")
+    return set(layers)
+
+  @nn.compact
+  def __call__(self, tokens_BN: jax.Array, padding_mask_BN: jax.Array | None = None):
+    masked_layers = self._check_config()
+    if tokens_BN.ndim != 2 or not jnp.issubdtype(tokens_BN.dtype, jnp.integer):
+      raise ValueError(f"TokenTransformer takes integer token ids [B, n]; got "
+                       f"{tokens_BN.dtype}{tokens_BN.shape} (Boolean ±1 inputs: use "
+                       "mpx.nn.boolean_tokens).")
+    embed_init = (initializers.torch_embedding if self.init_style == "torch"
+                  else nn.initializers.normal(0.02))
+    x_BND = nn.Embed(self.vocab_size, self.width, embedding_init=embed_init,
+                     name="token_embed")(tokens_BN)
+    if self.cls_token:
+      cls = self.param("cls", embed_init, (1, 1, self.width))
+      x_BND = jnp.concatenate([jnp.broadcast_to(cls, (x_BND.shape[0], 1, self.width)),
+                               x_BND], axis=1)
+      if padding_mask_BN is not None:
+        padding_mask_BN = jnp.pad(padding_mask_BN, ((0, 0), (1, 0)), constant_values=True)
+    n_tokens = x_BND.shape[1]
+    x_BND = x_BND + self.param("pos_embed", embed_init, (n_tokens, self.width))
+
+    for i in range(self.depth):
+      make_attention = functools.partial(
+          MaskedSelfAttention, self.num_heads, self.head_dim, use_mask=i in masked_layers,
+          per_head_mask=self.per_head_mask, mask_init=self.mask_init,
+          learnable_mask=self.learnable_mask, causal=self.causal,
+          init_style=self.init_style, implementation=self.implementation)
+      x_BND = Block(make_attention, self.mlp_dim, self.init_style, name=f"block_{i}")(
+          x_BND, padding_mask_BN)
+
+    x_BND = _layer_norm("final_norm")(x_BND)
+    if self.readout == "cls":
+      x_BND = x_BND[:, 0]
+    return nn.Dense(self.out_features, name="head",
+                    **_dense_inits(self.init_style, self.width))(x_BND)

@@ -1,0 +1,189 @@
+"""`masked_attention` against references, the Theorem 1 gradient identity, bad input."""
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mpx
+from mpx import priors
+
+B, N, H, D = 2, 6, 3, 4
+
+
+def _qkv(seed=0, dtype=jnp.float32):
+  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+  shape = (B, N, H, D)
+  return tuple(jax.random.normal(k, shape).astype(dtype) for k in (kq, kk, kv))
+
+
+def _reference(q, k, v, bias_BHNN=None, allowed_BHNN=None):
+  """Plain einsum softmax attention, written independently of mpx."""
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  if bias_BHNN is not None:
+    logits = logits + bias_BHNN
+  if allowed_BHNN is not None:
+    logits = jnp.where(allowed_BHNN, logits, -1e30)
+  return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), v)
+
+
+def _padding():
+  pad = np.ones((B, N), bool)
+  pad[0, -2:] = False
+  return jnp.asarray(pad)
+
+
+class NeutralPriorTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_equals_references(self):
+    q, k, v = _qkv()
+    for mask in (None, priors.neutral(N), priors.neutral(N, H)):
+      out = self.variant(lambda q, k, v, m=mask: mpx.masked_attention(q, k, v, m))(q, k, v)
+      chex.assert_trees_all_close(out, _reference(q, k, v), atol=1e-6, rtol=1e-6)
+      chex.assert_trees_all_close(out, nn.dot_product_attention(q, k, v), atol=1e-6,
+                                  rtol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_causal_and_padding_equal_references(self):
+    q, k, v = _qkv(1)
+    pad = _padding()
+    causal_NN = jnp.tril(jnp.ones((N, N), bool))
+    allowed = causal_NN[None, None] & pad[:, None, None, :]
+    for mask in (priors.neutral(N), priors.neutral(N, H)):
+      f = lambda q, k, v, m=mask: mpx.masked_attention(q, k, v, m, causal=True,
+                                                         padding_mask=pad)
+      out = self.variant(f)(q, k, v)
+      chex.assert_trees_all_close(out, _reference(q, k, v, None, allowed), atol=1e-6)
+      flax_mask = nn.combine_masks(nn.make_causal_mask(jnp.zeros((B, N))),
+                                   nn.make_attention_mask(jnp.ones((B, N), bool), pad))
+      chex.assert_trees_all_close(out, nn.dot_product_attention(q, k, v, mask=flax_mask),
+                                  atol=1e-6)
+
+  def test_neutral_prior_is_bitwise_standard_attention(self):
+    q, k, v = _qkv(2)
+    np.testing.assert_array_equal(mpx.mask_bias(priors.neutral(N, H)), 0.0)
+    np.testing.assert_array_equal(mpx.masked_attention(q, k, v, priors.neutral(N, H)),
+                                  mpx.masked_attention(q, k, v, None))
+
+
+class PriorTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_shared_and_per_head_match_reference(self):
+    q, k, v = _qkv(3)
+    m_HNN = jax.random.normal(jax.random.key(4), (H, N, N)) * 3
+    pad = _padding()
+    causal_NN = jnp.tril(jnp.ones((N, N), bool))
+    for mask, bias in ((m_HNN[0], jax.nn.log_sigmoid(m_HNN[0])[None, None]),
+                       (m_HNN, jax.nn.log_sigmoid(m_HNN)[None])):
+      out = self.variant(lambda q, k, v, m=mask: mpx.masked_attention(q, k, v, m))(q, k, v)
+      chex.assert_trees_all_close(out, _reference(q, k, v, bias), atol=1e-6)
+      out = self.variant(lambda q, k, v, m=mask: mpx.masked_attention(
+          q, k, v, m, causal=True, padding_mask=pad))(q, k, v)
+      allowed = causal_NN[None, None] & pad[:, None, None, :]
+      chex.assert_trees_all_close(out, _reference(q, k, v, bias, allowed), atol=1e-6)
+
+  def test_batched_mask(self):
+    q, k, v = _qkv(5)
+    m_BHNN = jax.random.normal(jax.random.key(6), (B, H, N, N))
+    out = mpx.masked_attention(q, k, v, m_BHNN)
+    for b in range(B):
+      chex.assert_trees_all_close(out[b], mpx.masked_attention(q[b], k[b], v[b], m_BHNN[b]),
+                                  atol=1e-6)
+
+  def test_logits_in_float32_for_bfloat16_inputs(self):
+    q, k, _ = _qkv(7, jnp.bfloat16)
+    logits = mpx.attention.attention_logits(q, k, priors.neutral(N))
+    assert logits.dtype == jnp.float32
+    out = mpx.masked_attention(*_qkv(7, jnp.bfloat16), priors.neutral(N))
+    assert out.dtype == jnp.bfloat16
+
+  def test_fully_masked_row_gives_zeros_not_nan(self):
+    q, k, v = _qkv(8)
+    pad = jnp.zeros((B, N), bool)
+    out, grads = jax.value_and_grad(
+        lambda q: mpx.masked_attention(q, k, v, priors.neutral(N), padding_mask=pad).sum())(q)
+    assert out == 0.0
+    assert bool(jnp.all(jnp.isfinite(grads)))
+
+  def test_jax_implementation_matches_reference(self):
+    q, k, v = _qkv(9)
+    m_HNN = jax.random.normal(jax.random.key(10), (H, N, N)) * 2
+    pad = _padding().at[1].set(False)  # Batch row 1: every key padded.
+    for kwargs in ({}, {"causal": True}, {"padding_mask": pad},
+                   {"causal": True, "padding_mask": pad}):
+      ref = mpx.masked_attention(q, k, v, m_HNN, **kwargs)
+      fast = mpx.masked_attention(q, k, v, m_HNN, implementation="jax", **kwargs)
+      chex.assert_trees_all_close(fast, ref, atol=1e-5)
+
+
+class MaskBiasTest(chex.TestCase):
+
+  def test_nonpositive_and_stable(self):
+    m = jnp.array([-1e4, -50.0, -1.0, 0.0, 1.0, 50.0, 1e4, priors.NEUTRAL_LOGIT])
+    bias = mpx.mask_bias(m)
+    assert bool(jnp.all(bias <= 0)) and bool(jnp.all(jnp.isfinite(bias)))
+    np.testing.assert_allclose(bias[:3], [-1e4, -50.0, -1.3132616], rtol=1e-6)
+    assert bias[3] == pytest.approx(-np.log(2.0))
+    m_random = jax.random.normal(jax.random.key(0), (1000,)) * 30
+    assert bool(jnp.all(mpx.mask_bias(m_random) <= 0))
+
+  def test_theorem1_gradient_identity(self):
+    """dL/dM = dL/d(logits) · σ(−M), elementwise, for a per-head mask."""
+    q, k, v = _qkv(11)
+    m_HNN = jax.random.normal(jax.random.key(12), (H, N, N)) * 3
+    w = jax.random.normal(jax.random.key(13), (B, N, H, D))
+
+    def loss_from_bias(bias_HNN):
+      logits = mpx.attention.attention_logits(q, k) + bias_HNN
+      out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), v)
+      return jnp.sum(out * w)
+
+    grad_m = jax.grad(lambda m: jnp.sum(mpx.masked_attention(q, k, v, m) * w))(m_HNN)
+    grad_logits = jax.grad(loss_from_bias)(mpx.mask_bias(m_HNN))
+    chex.assert_trees_all_close(grad_m, grad_logits * jax.nn.sigmoid(-m_HNN), atol=1e-6)
+    # The bound of Corollary 1: |dL/dM| <= |dL/dlogits|, and neutral entries get nothing.
+    assert bool(jnp.all(jnp.abs(grad_m) <= jnp.abs(grad_logits) + 1e-7))
+    grad_neutral = jax.grad(lambda m: jnp.sum(mpx.masked_attention(q, k, v, m) * w))(
+        priors.neutral(N, H))
+    np.testing.assert_array_equal(grad_neutral, 0.0)
+
+
+def test_vmap_over_priors_equals_loop():
+  q, k, v = _qkv(14)
+  stack_PHNN = jnp.stack([priors.neutral(N, H),
+                          priors.repeat_heads(priors.parity_prior(N - 1, (0, 1), 4.0), H),
+                          jax.random.normal(jax.random.key(15), (H, N, N)) * 5])
+  vmapped = jax.vmap(lambda m: mpx.masked_attention(q, k, v, m))(stack_PHNN)
+  for p in range(stack_PHNN.shape[0]):
+    chex.assert_trees_all_close(vmapped[p], mpx.masked_attention(q, k, v, stack_PHNN[p]),
+                                atol=1e-6)
+
+
+@pytest.mark.parametrize("mask_shape, match", [
+    ((N + 1, N + 1), "queries"),
+    ((N, N + 1), "queries"),
+    ((H + 1, N, N), "heads"),
+    ((N,), "rank"),
+])
+def test_bad_mask_shapes_raise(mask_shape, match):
+  q, k, v = _qkv()
+  with pytest.raises(ValueError, match=match):
+    mpx.masked_attention(q, k, v, jnp.zeros(mask_shape))
+
+
+def test_bad_qkv_and_options_raise():
+  q, k, v = _qkv()
+  with pytest.raises(ValueError, match="rank"):
+    mpx.masked_attention(q[0, 0], k[0, 0], v[0, 0])
+  with pytest.raises(ValueError, match="heads, head_dim"):
+    mpx.masked_attention(q, k[..., :2], v)
+  with pytest.raises(ValueError, match="boolean"):
+    mpx.masked_attention(q, k, v, padding_mask=jnp.ones((B, N)))
+  with pytest.raises(ValueError, match="padding_mask"):
+    mpx.masked_attention(q, k, v, padding_mask=jnp.ones((B, N + 1), bool))
+  with pytest.raises(ValueError, match="implementation"):
+    mpx.masked_attention(q, k, v, implementation="flash")

@@ -1,0 +1,68 @@
+"""The `mpx` command and the README's promises."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+
+import mpx
+from mpx import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_version_and_help(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--version"])
+  assert exit_info.value.code == 0
+  assert mpx.__version__ in capsys.readouterr().out
+  assert cli.main([]) == 0
+  assert "prior" in capsys.readouterr().out
+
+
+def test_console_script_is_installed():
+  script = pathlib.Path(sys.executable).parent / "mpx"
+  out = subprocess.run([str(script), "--help"], capture_output=True, text=True,
+                       check=True).stdout
+  assert "demo" in out and "prior" in out
+
+
+@pytest.mark.parametrize("name, args, heads", [
+    ("parity", [], 1),
+    ("impulse", ["--grid", "4", "4", "--heads", "3"], 3),
+    ("alibi", ["--tokens", "8", "--heads", "4"], 4),
+    ("addition", [], 1),
+])
+def test_prior_command_writes_png(tmp_path, name, args, heads, capsys):
+  out = tmp_path / f"{name}.png"
+  assert cli.main(["prior", name, "--out", str(out)] + args) == 0
+  image = matplotlib.image.imread(out)
+  assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100 * min(heads, 3)
+  assert str(out) in capsys.readouterr().out
+
+
+def test_prior_command_bad_option_is_a_clear_error(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["prior", "parity", "--strength", "0", "--out", str(tmp_path / "p.png")])
+  assert exit_info.value.code == 2
+  assert "strength must be" in capsys.readouterr().err
+
+
+def test_readme_functional_example_runs():
+  readme = (ROOT / "README.md").read_text()
+  block = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+  namespace = {}
+  exec(compile(block, "README.md", "exec"), namespace)
+  grads = namespace["grads"]
+  assert grads["mask_logits"].shape == (17, 17)
+  assert float(abs(grads["mask_logits"]).max()) > 0
+
+
+def test_ci_runs_the_readme_test_command():
+  readme = (ROOT / "README.md").read_text().splitlines()
+  i = readme.index("# 2. install and run the tests (CPU, a few minutes)")
+  assert "pytest" in readme[i + 1] and '".[test]"' in readme[i + 1]
+  assert "# 2. install and run the tests" in (ROOT / ".ci" / "run").read_text()
