@@ -55,6 +55,19 @@ def _demo_command(args) -> int:
   return 0
 
 
+def _run_command(args) -> int:
+  from mpx.sweep import config as config_lib
+  from mpx.sweep import run as run_lib
+  experiment = config_lib.load_experiment(args.experiment)
+  try:
+    run_lib.run_experiment(experiment, preset=args.preset, overrides=args.set or (),
+                           out_dir=args.out, resume=args.resume)
+  except run_lib.Preempted as e:
+    print(f"mpx run: {e} Continue with the same command and --resume.", file=sys.stderr)
+    return run_lib.PREEMPTED_EXIT_CODE
+  return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="mpx", description="Mask-based attention priors: log σ(M) added to the logits.")
@@ -65,6 +78,16 @@ def make_parser() -> argparse.ArgumentParser:
   demo.add_argument("--steps", type=int, default=400, help="training steps per scheme")
   demo.add_argument("--seed", type=int, default=0)
   demo.set_defaults(func=_demo_command)
+
+  run = sub.add_parser("run", help="train an experiment's sweep (all members in one program)")
+  run.add_argument("experiment", help="experiment name (e.g. boolean_gotu) or path to its file")
+  run.add_argument("--preset", help="preset of the experiment (default: its first)")
+  run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config field (repeatable); unknown keys are an error")
+  run.add_argument("--out", help="run directory (default: runs/EXPERIMENT-PRESET)")
+  run.add_argument("--resume", action="store_true",
+                   help="continue from the run directory's latest checkpoints")
+  run.set_defaults(func=_run_command)
 
   prior = sub.add_parser("prior", help="draw a mask prior as a heatmap")
   prior.add_argument("name", choices=PRIOR_NAMES)
@@ -92,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   try:
     return args.func(args)
-  except ValueError as e:
+  except (ValueError, FileNotFoundError, FileExistsError) as e:
     parser.exit(2, f"mpx {args.command}: error: {e}\n")
 
 

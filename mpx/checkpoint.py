@@ -1,0 +1,283 @@
+"""Checkpoints of a whole sweep: the stacked train state, its step and the run config.
+
+A thin wrapper over Orbax's `CheckpointManager` (the stable, documented v0 API; `ocp.v1`
+is still experimental). One checkpoint is one step directory holding two items:
+
+  <directory>/<step>/state    the state pytree (`StandardCheckpointHandler`, tensorstore)
+  <directory>/<step>/config   the run config (`JsonCheckpointHandler`)
+
+Why it is safe to resume from:
+  * `save` is synchronous: it returns only once the step directory is finalised, so a
+    SIGKILL right after it cannot lose that checkpoint. A synchronous save also means the
+    sweep may donate the state buffers to the next chunk as soon as `save` returns.
+  * Orbax writes into `<step>.orbax-checkpoint-tmp-*` and renames it when complete; steps
+    are only ever listed from finalised directories, so a save killed half way is never
+    picked. A new `Checkpointer` removes a killed writer's temporary directories (in the
+    background, finished before its first save), so there must be a single writing
+    process per directory; other processes read with `restore_config`.
+  * `restore` checks every leaf's shape and dtype against the checkpoint first, because
+    Orbax would silently cast dtypes: resuming with a changed config fails loudly.
+
+Leaves may be jax arrays (sharded ones included: each restores into the target's
+sharding), numpy arrays, numpy scalars and Python scalars. Typed PRNG key arrays are
+refused: store `jax.random.key_data(key)` (uint32) and rewrap it with
+`jax.random.wrap_key_data` after `restore`.
+
+A SIGTERM handler should set a flag that the training loop checks between chunks, not
+call `save` itself: a signal arriving during a save would otherwise start a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+PyTree = Any
+
+_STATE = "state"
+_CONFIG = "config"
+
+
+def _item_handlers() -> dict[str, Any]:
+  return {_STATE: ocp.StandardCheckpointHandler(), _CONFIG: ocp.JsonCheckpointHandler()}
+
+
+def _retention(max_to_keep: int | None) -> dict[str, Any]:
+  """Options that keep the newest `max_to_keep` checkpoints (all of them when None)."""
+  try:
+    from orbax.checkpoint.checkpoint_managers import preservation_policy
+  except ImportError:  # Older Orbax: only the (now deprecated) `max_to_keep` option.
+    return {"max_to_keep": max_to_keep}
+  if max_to_keep is None:
+    return {"preservation_policy": preservation_policy.PreserveAll()}
+  return {"preservation_policy": preservation_policy.LatestN(max_to_keep)}
+
+
+def _manager(directory: str, *, read_only: bool, max_to_keep: int | None = None
+             ) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(
+      create=not read_only,
+      read_only=read_only,
+      # Removes the temporary directories of a killed writer; a reader must not.
+      cleanup_tmp_directories=not read_only,
+      enable_async_checkpointing=False,
+      **({"save_interval_steps": 0} if read_only else {}),  # what read_only implies anyway
+      **_retention(max_to_keep))
+  return ocp.CheckpointManager(directory, options=options, item_handlers=_item_handlers())
+
+
+def _path_names(path) -> tuple[str, ...]:
+  """A key path as plain names, so that `.mu` (NamedTuple) matches Orbax's `['mu']`."""
+  names = []
+  for key in path:
+    for attribute in ("key", "name", "idx"):
+      if hasattr(key, attribute):
+        names.append(str(getattr(key, attribute)))
+        break
+    else:
+      names.append(str(key))
+  return tuple(names)
+
+
+def _is_typed_key(leaf) -> bool:
+  dtype = getattr(leaf, "dtype", None)
+  return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _check_leaf_types(tree: PyTree, what: str) -> None:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    name = jax.tree_util.keystr(path)
+    if _is_typed_key(leaf):
+      raise ValueError(
+          f"{what} leaf {name} is a typed PRNG key array, which is not checkpointed: "
+          "store jax.random.key_data(key) instead and rewrap it with "
+          "jax.random.wrap_key_data after restore.")
+    if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic,
+                             bool, int, float)):
+      raise ValueError(
+          f"{what} leaf {name} has type {type(leaf).__name__}; a checkpointed state may only "
+          "hold jax/numpy arrays and numpy/Python scalars. Keep other values in the config "
+          "or mark them static (flax.struct.field(pytree_node=False)).")
+
+
+def _for_orbax(leaf):
+  """Numpy scalars as 0-d arrays, the form Orbax accepts."""
+  return np.asarray(leaf) if isinstance(leaf, np.generic) else leaf
+
+
+def _restore_target(leaf):
+  """The abstract leaf Orbax restores into: jax arrays keep their sharding."""
+  if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is None:  # e.g. from jax.eval_shape; without it Orbax returns numpy.
+      sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+  return _for_orbax(leaf)  # numpy stays numpy, Python scalars stay Python scalars.
+
+
+def _check_against_checkpoint(target: PyTree, stored: PyTree, where: str) -> None:
+  """Raises a ValueError naming the first leaf whose shape or dtype differs."""
+  stored_leaves = {_path_names(path): leaf
+                   for path, leaf in jax.tree_util.tree_flatten_with_path(stored)[0]}
+  target_names = set()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]:
+    names = _path_names(path)
+    target_names.add(names)
+    name = jax.tree_util.keystr(path)
+    if names not in stored_leaves:
+      raise ValueError(
+          f"Leaf {name} of the restore target is not in {where}. The state's structure "
+          "changed since the checkpoint was written: resume with the same config, or start "
+          "a fresh run in another directory.")
+    saved = stored_leaves[names]
+    shape = tuple(np.shape(leaf))
+    saved_shape = tuple(getattr(saved, "shape", ()))
+    dtype = None if isinstance(leaf, (bool, int, float)) else np.dtype(leaf.dtype)
+    saved_dtype = getattr(saved, "dtype", None)
+    if shape != saved_shape or (dtype is not None and saved_dtype is not None
+                                and dtype != np.dtype(saved_dtype)):
+      raise ValueError(
+          f"Leaf {name}: the restore target has shape {shape} dtype {dtype}, {where} has "
+          f"shape {saved_shape} dtype {saved_dtype}. Resume with the config the checkpoint "
+          "was written with (see restore_config), or start a fresh run in another "
+          "directory.")
+  extra = sorted(set(stored_leaves) - target_names)
+  if extra:
+    raise ValueError(
+        f"{where} holds {len(extra)} leaves that the restore target lacks, e.g. "
+        f"{'/'.join(extra[0])}. Resume with the same config, or start a fresh run in "
+        "another directory.")
+
+
+class Checkpointer:
+  """Saves and restores (state, config) at integer steps in one directory.
+
+  `max_to_keep` newest checkpoints are kept (None keeps all). Use as a context manager,
+  or call `close()`, so Orbax's resources are released.
+  """
+
+  def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3):
+    if max_to_keep is not None and (isinstance(max_to_keep, bool)
+                                    or not isinstance(max_to_keep, int) or max_to_keep < 1):
+      raise ValueError(f"max_to_keep must be an int >= 1 or None (keep all); got {max_to_keep!r}.")
+    self.directory = os.path.abspath(os.fspath(directory))
+    self._manager = _manager(self.directory, read_only=False, max_to_keep=max_to_keep)
+
+  def save(self, step: int, state: PyTree, config: dict) -> None:
+    """Writes a checkpoint and returns once it is finalised on disk.
+
+    Saving a step that already exists is a no-op: the finalised checkpoint is kept (a
+    resumed run reproduces it bit for bit, and a SIGTERM right after a chunk's save then
+    costs nothing). The config goes through JSON: tuples come back as lists.
+    """
+    step = _check_step(step)
+    if not isinstance(config, dict):
+      raise ValueError(f"config must be a dict; got {type(config).__name__}.")
+    try:
+      json.dumps(config, allow_nan=True)
+    except TypeError as error:
+      raise ValueError(
+          f"config must be JSON-serialisable (convert numpy values with .item() or "
+          f".tolist()): {error}") from error
+    _check_leaf_types(state, "state")
+    if step in self._manager.all_steps():
+      return
+    state = jax.tree.map(_for_orbax, state)
+    self._manager.save(step, args=ocp.args.Composite(
+        **{_STATE: ocp.args.StandardSave(state), _CONFIG: ocp.args.JsonSave(config)}),
+                       force=True)
+    self._manager.wait_until_finished()
+
+  def all_steps(self) -> list[int]:
+    """The finalised steps, oldest first."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def restore(self, target: PyTree, step: int | None = None) -> tuple[PyTree, dict]:
+    """Returns `(state, config)` at `step` (the latest when None).
+
+    `target` fixes the structure, shapes, dtypes, and for jax arrays (or
+    `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`) the sharding of the result.
+    The state has exactly the target's tree structure; numpy leaves come back as numpy
+    arrays and Python scalars as Python scalars (so a Python scalar leaf needs a Python
+    scalar in the target, not a struct from `jax.eval_shape`). Jax leaves may be donated
+    (deleted) arrays: only their shape, dtype and sharding are read.
+    """
+    step = self._resolve_step(step)
+    _check_leaf_types(target, "target")
+    where = f"checkpoint step {step} in {self.directory}"
+    _check_against_checkpoint(target, self._manager.item_metadata(step)[_STATE], where)
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        **{_STATE: ocp.args.StandardRestore(jax.tree.map(_restore_target, target)),
+           _CONFIG: ocp.args.JsonRestore()}))
+    # Rebuild on the target's own treedef, matching leaves by path, so the result has the
+    # target's containers (NamedTuples, optax states, flax structs) whatever Orbax returns.
+    by_path = {_path_names(path): leaf for path, leaf
+               in jax.tree_util.tree_flatten_with_path(restored[_STATE])[0]}
+    paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    leaves = []
+    for path, leaf in paths:
+      value = by_path[_path_names(path)]
+      if isinstance(leaf, np.generic):
+        value = np.asarray(value, leaf.dtype)[()]
+      leaves.append(value)
+    return jax.tree.unflatten(treedef, leaves), dict(restored[_CONFIG])
+
+  def _resolve_step(self, step: int | None) -> int:
+    steps = self.all_steps()
+    if not steps:
+      raise FileNotFoundError(f"No finalised checkpoint in {self.directory}.")
+    if step is None:
+      return steps[-1]
+    if _check_step(step) not in steps:
+      raise FileNotFoundError(
+          f"No checkpoint for step {step} in {self.directory}; it holds steps {steps}.")
+    return step
+
+  def close(self) -> None:
+    self._manager.close()
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+
+def _check_step(step) -> int:
+  if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+    raise ValueError(f"step must be an int >= 0; got {step!r}.")
+  return int(step)
+
+
+def restore_config(directory: str | os.PathLike, step: int | None = None) -> dict:
+  """The config saved at `step` (the latest when None), without touching the state.
+
+  Read-only: safe while another process is writing checkpoints into `directory`.
+  """
+  directory = os.path.abspath(os.fspath(directory))
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"No checkpoint directory {directory}.")
+  manager = _manager(directory, read_only=True)
+  try:
+    steps = sorted(manager.all_steps())
+    if not steps:
+      raise FileNotFoundError(f"No finalised checkpoint in {directory}.")
+    if step is None:
+      step = steps[-1]
+    elif _check_step(step) not in steps:
+      raise FileNotFoundError(
+          f"No checkpoint for step {step} in {directory}; it holds steps {steps}.")
+    restored = manager.restore(step, args=ocp.args.Composite(
+        **{_CONFIG: ocp.args.JsonRestore()}))
+    return dict(restored[_CONFIG])
+  finally:
+    manager.close()

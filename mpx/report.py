@@ -1,0 +1,482 @@
+"""Run outputs: the metrics log, the summary tables and a progress bar.
+
+A run directory holds
+
+  metrics.jsonl  one JSON object per member per evaluation, appended and fsynced as
+                 training goes, so a SIGKILL loses nothing already written;
+  summary.json   {"experiment", "preset", "members", "paper"}: the final numbers;
+  summary.md     the same as a Markdown table, mpx's numbers beside the paper's.
+
+Conventions, chosen once here so every experiment reports alike:
+
+* Non-finite floats (NaN, ±inf) are written as JSON `null`: the files stay strict JSON
+  that any tool reads, and the record's `diverged` flag says why a value is missing.
+* Spread over seeds is the population standard deviation (ddof=0): it describes the seeds
+  that were run rather than estimating a larger population, and is 0 for a single seed.
+* Diverged seeds are counted but left out of the statistics; a table says how many.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TextIO
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_JSON = "summary.json"
+SUMMARY_MD = "summary.md"
+
+# Keys a member record sets itself; a metric may not reuse them.
+RECORD_KEYS = ("step", "task", "scheme", "seed", "hparams", "diverged", "member")
+SUMMARY_KEYS = ("experiment", "preset", "members", "paper")
+MEMBER_KEYS = ("task", "scheme", "seed", "hparams", "metrics", "diverged")
+MISSING = "—"
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+def to_jsonable(x: Any) -> Any:
+  """Plain-Python copy of `x` for strict JSON: non-finite floats become None.
+
+  Accepts numpy (and jax, via `__array__`) scalars and arrays so callers can pass
+  device metrics straight through.
+  """
+  if isinstance(x, Mapping):
+    return {k: to_jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [to_jsonable(v) for v in x]
+  if isinstance(x, (bool, int, str)) or x is None:
+    return x
+  if isinstance(x, float):
+    return x if math.isfinite(x) else None
+  if isinstance(x, np.generic) or hasattr(x, "__array__"):
+    a = np.asarray(x)
+    return to_jsonable(a.item() if a.ndim == 0 else a.tolist())
+  return x  # json.dumps raises TypeError naming the type.
+
+
+def _dumps(x: Any) -> str:
+  return json.dumps(to_jsonable(x), sort_keys=True, allow_nan=False)
+
+
+def _fsync_dir(path: str) -> None:
+  """Makes a rename durable; best effort where directories cannot be opened."""
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    os.fsync(fd)
+  except OSError:
+    pass
+  finally:
+    os.close(fd)
+
+
+def _atomic_write(path: str, text: str) -> None:
+  """Writes via a temp file and `os.replace`, so a kill leaves the old or the new file."""
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _parse_lines(path: str, text: str) -> list[tuple[str, dict]]:
+  """`(raw line with its newline, record)` pairs.
+
+  A torn last line (no newline, not valid JSON) is what a kill mid-write leaves: it is
+  dropped. Any other bad line is corruption and raises.
+  """
+  lines = text.splitlines(keepends=True)
+  out = []
+  for i, line in enumerate(lines):
+    last = i == len(lines) - 1
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      if last and not line.endswith("\n"):
+        break
+      raise ValueError(f"{path}:{i + 1} is not valid JSON ({e}); the metrics log is "
+                       "corrupt: restore it or start a fresh run with another --out.") from e
+    if not isinstance(record, dict) or "step" not in record:
+      raise ValueError(f"{path}:{i + 1} is not a metrics record (a JSON object with a "
+                       "'step'); is this an mpx run directory?")
+    out.append((line if line.endswith("\n") else line + "\n", record))
+  return out
+
+
+def _check_step(step: Any, what: str) -> int:
+  if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
+    raise ValueError(f"{what} must be an int >= 0; got {step!r}.")
+  return int(step)
+
+
+# ----------------------------------------------------------------------------- metrics.jsonl
+
+
+class MetricsWriter:
+  """Appends member records to RUN_DIR/metrics.jsonl, durable after every `write`.
+
+  `resume_step=None` starts a fresh run and refuses to mix with an existing log.
+  `resume_step=S` continues from a checkpoint at step S: records with `step > S` were
+  written after that checkpoint and will be written again, so they are dropped first
+  (atomically). The kept lines are copied byte for byte, which makes a resumed log
+  identical to an uninterrupted one. `keep` generalises this for runs of several
+  groups, each checkpointed at its own step: a record survives iff `keep(record)`.
+  """
+
+  def __init__(self, run_dir: str | os.PathLike, *, resume_step: int | None = None,
+               keep: Callable[[dict], bool] | None = None):
+    self.run_dir = os.fspath(run_dir)
+    self.path = os.path.join(self.run_dir, METRICS_FILE)
+    os.makedirs(self.run_dir, exist_ok=True)
+    if resume_step is not None:
+      resume_step = _check_step(resume_step, "resume_step")
+      keep = lambda record: record["step"] <= resume_step
+    if keep is None:
+      if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+        raise FileExistsError(
+            f"{self.path} already holds metrics of an earlier run; pass --resume to "
+            "continue it, or choose another --out.")
+    elif os.path.exists(self.path):
+      self._truncate(keep)
+    self._file: TextIO | None = open(self.path, "a", encoding="utf-8", newline="\n")
+
+  def _truncate(self, keep: Callable[[dict], bool]) -> None:
+    with open(self.path, encoding="utf-8", newline="") as f:
+      text = f.read()
+    kept = [line for line, r in _parse_lines(self.path, text) if keep(r)]
+    _atomic_write(self.path, "".join(kept))
+
+  def write(self, records: Iterable[Mapping[str, Any]]) -> None:
+    """One sorted-key JSON line per record, then flush and fsync."""
+    if self._file is None:
+      raise ValueError(f"MetricsWriter for {self.path} is closed; open a new one.")
+    lines = []
+    for r in records:
+      if not isinstance(r, Mapping) or "step" not in r:
+        raise ValueError(f"a metrics record must be a dict with a 'step'; got {r!r}. "
+                         "Build records with member_record().")
+      _check_step(r["step"], "record['step']")
+      lines.append(_dumps(r) + "\n")
+    self._file.write("".join(lines))
+    self._file.flush()
+    os.fsync(self._file.fileno())
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+  def __enter__(self) -> MetricsWriter:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+  """All records of RUN_DIR/metrics.jsonl in file order (non-finite values read as None)."""
+  path = os.path.join(os.fspath(run_dir), METRICS_FILE)
+  with open(path, encoding="utf-8", newline="") as f:
+    return [r for _, r in _parse_lines(path, f.read())]
+
+
+def member_record(member: Mapping[str, Any], step: int, metrics: Mapping[str, Any], *,
+                  diverged: bool) -> dict:
+  """One flat log record: the member's identity, the step, and its metrics.
+
+  `member` needs task, scheme, seed and hparams (`Member.describe()`); a `member` key
+  (its index in the sweep) is copied when present. Metrics sit at the top level so a
+  record reads as one row of a table.
+  """
+  missing = [k for k in ("task", "scheme", "seed", "hparams") if k not in member]
+  if missing:
+    raise ValueError(f"member {dict(member)!r} lacks {missing}; pass Member.describe().")
+  clash = sorted(set(metrics) & set(RECORD_KEYS))
+  if clash:
+    raise ValueError(f"metric names {clash} clash with record keys {RECORD_KEYS}; "
+                     "rename the metrics.")
+  record = {"step": _check_step(step, "step"), "task": member["task"],
+            "scheme": member["scheme"], "seed": member["seed"],
+            "hparams": dict(member["hparams"]), "diverged": bool(diverged)}
+  if "member" in member:
+    record["member"] = member["member"]
+  record.update(metrics)
+  return record
+
+
+# ----------------------------------------------------------------------------- summaries
+
+
+def _hparams_key(hparams: Mapping[str, Any]) -> str:
+  return _dumps({k: v for k, v in hparams.items() if k != "seed"})
+
+
+def _finite(x: Any) -> float | None:
+  x = to_jsonable(x)
+  if isinstance(x, bool) or not isinstance(x, (int, float)):
+    return None
+  return float(x)
+
+
+def _stats(values: Sequence[float]) -> dict:
+  """mean, population std (ddof=0), min, max and count; None values when empty."""
+  n = len(values)
+  if n == 0:
+    return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+  mean = math.fsum(values) / n
+  std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / n)
+  return {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": n}
+
+
+def summarize(members: Sequence[Mapping[str, Any]], metric_names: Sequence[str]) -> list[dict]:
+  """Groups members by (task, scheme, hparams) and aggregates each metric over seeds.
+
+  Returns one row per group, in first-appearance order:
+  `{"task", "scheme", "hparams", "n_seeds", "n_diverged", metric: {"mean", "std", "min",
+  "max", "n"}}`. Statistics use the non-diverged seeds with a finite value (`n` of them);
+  all None when there are none.
+  """
+  groups: dict[tuple, list[Mapping[str, Any]]] = {}
+  for i, m in enumerate(members):
+    missing = [k for k in MEMBER_KEYS if k not in m]
+    if missing:
+      raise ValueError(f"member {i} lacks {missing}; summarize needs {MEMBER_KEYS}.")
+    key = (m["task"], m["scheme"], _hparams_key(m["hparams"]))
+    group = groups.setdefault(key, [])
+    if any(g["seed"] == m["seed"] for g in group):
+      raise ValueError(f"member {i} repeats seed {m['seed']} of task {m['task']!r}, scheme "
+                       f"{m['scheme']!r}, hparams {key[2]}; give each member its own seed.")
+    group.append(m)
+  rows = []
+  for (task, scheme, _), group in groups.items():
+    alive = [m for m in group if not m["diverged"]]
+    row = {"task": task, "scheme": scheme,
+           "hparams": {k: v for k, v in group[0]["hparams"].items() if k != "seed"},
+           "n_seeds": len(group), "n_diverged": len(group) - len(alive)}
+    for name in metric_names:
+      values = [_finite(m["metrics"].get(name)) for m in alive]
+      row[name] = _stats([v for v in values if v is not None])
+    rows.append(row)
+  return rows
+
+
+def is_percent_metric(name: str) -> bool:
+  """Accuracies are fractions in the logs and percentages in tables."""
+  return name.startswith("accuracy") or name.endswith("_accuracy")
+
+
+def _fmt_number(x: float, percent: bool, *, exact_digits: bool = True) -> str:
+  """2 decimals of percent, or 4 significant digits (kept, unless quoting the paper)."""
+  if percent:
+    return f"{100 * x:.2f}"
+  return f"{x:#.4g}" if exact_digits else f"{x:.4g}"
+
+
+def _fmt_hparam(v: Any) -> str:
+  if v is None:
+    return MISSING
+  return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _cell(text: str) -> str:
+  return text.replace("|", "\\|")
+
+
+def _paper_value(paper: Mapping, task: str, scheme: str, metric: str) -> float | None:
+  return paper.get(task, {}).get(scheme, {}).get(metric)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], metric_names: Sequence[str],
+                 paper: Mapping[str, Mapping[str, Mapping[str, float]]], *,
+                 percent_metrics: Iterable[str] | None = None) -> str:
+  """A Markdown table of `summarize` rows, the paper's number beside each metric.
+
+  Columns: task | scheme | each hparam whose value differs between rows (constant ones
+  would only add noise) | seeds | per metric "mean ± std" and, when the paper reports that
+  metric for any row, a "paper" column ("—" where it gives no number). Percentage metrics
+  (`percent_metrics`, by default names `is_percent_metric` accepts) show 2 decimals of
+  percent; the rest 4 significant digits (the paper's numbers as given).
+  """
+  percent = (set(percent_metrics) if percent_metrics is not None
+             else {m for m in metric_names if is_percent_metric(m)})
+  keys = sorted({k for r in rows for k in r["hparams"]})
+  varying = [k for k in keys
+             if len({_dumps(r["hparams"].get(k)) for r in rows}) > 1]
+  with_paper = [m for m in metric_names
+                if any(_paper_value(paper, r["task"], r["scheme"], m) is not None for r in rows)]
+
+  header = ["task", "scheme", *varying, "seeds"]
+  for m in metric_names:
+    header.append(f"{m} (%)" if m in percent else m)
+    if m in with_paper:
+      header.append("paper")
+  lines = ["| " + " | ".join(_cell(h) for h in header) + " |",
+           "|" + "---|" * len(header)]
+  for r in rows:
+    seeds = str(r["n_seeds"])
+    if r["n_diverged"]:
+      seeds += f" ({r['n_diverged']} diverged)"
+    cells = [str(r["task"]), str(r["scheme"]),
+             *(_fmt_hparam(r["hparams"].get(k)) for k in varying), seeds]
+    for m in metric_names:
+      s, pct = r.get(m), m in percent
+      if not s or s["mean"] is None:
+        cells.append(MISSING)
+      else:
+        cells.append(f"{_fmt_number(s['mean'], pct)} ± {_fmt_number(s['std'], pct)}")
+      if m in with_paper:
+        value = _paper_value(paper, r["task"], r["scheme"], m)
+        cells.append(MISSING if value is None else _fmt_number(value, pct, exact_digits=False))
+    lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def write_summary(run_dir: str | os.PathLike, *, experiment: str, preset: str,
+                  members: Sequence[Mapping[str, Any]],
+                  paper: Mapping[str, Mapping[str, Mapping[str, float]]],
+                  metric_names: Sequence[str],
+                  extra_tables: Mapping[str, str] | None = None) -> dict:
+  """Writes RUN_DIR/summary.json and RUN_DIR/summary.md (each atomically); returns the dict.
+
+  summary.json holds exactly {"experiment", "preset", "members", "paper"}: the per-seed
+  final numbers and the paper's, from which any table can be recomputed. `paper` is
+  `{task: {scheme: {metric: value}}}`, accuracies as fractions. `extra_tables` maps a
+  heading to a ready Markdown table appended to summary.md.
+  """
+  run_dir = os.fspath(run_dir)
+  os.makedirs(run_dir, exist_ok=True)
+  summary = to_jsonable({"experiment": experiment, "preset": preset,
+                         "members": list(members), "paper": dict(paper)})
+  rows = summarize(members, metric_names)
+  n_diverged = sum(bool(m["diverged"]) for m in members)
+  parts = [f"# {experiment} (preset {preset})\n",
+           f"{len(members)} members, {n_diverged} diverged. Mean ± population std (ddof=0) "
+           "over the seeds that did not diverge; \"paper\" is the paper's number, "
+           f"\"{MISSING}\" where it gives none.\n",
+           format_table(rows, metric_names, paper)]
+  for heading, table in (extra_tables or {}).items():
+    parts.append(f"## {heading}\n")
+    parts.append(table if table.endswith("\n") else table + "\n")
+  _atomic_write(os.path.join(run_dir, SUMMARY_JSON),
+                json.dumps(summary, sort_keys=True, indent=2, allow_nan=False) + "\n")
+  _atomic_write(os.path.join(run_dir, SUMMARY_MD), "\n".join(parts))
+  return summary
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+def format_duration(seconds: float) -> str:
+  """Compact duration: "45s", "1m05s", "2h03m", "1d02h"."""
+  if not math.isfinite(seconds) or seconds < 0:
+    raise ValueError(f"format_duration needs a finite duration >= 0; got {seconds!r}.")
+  s = int(round(seconds))
+  if s < 60:
+    return f"{s}s"
+  if s < 3600:
+    return f"{s // 60}m{s % 60:02d}s"
+  if s < 86400:
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+  return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+class Progress:
+  """A progress line: "label [#####.....] step/total  pct%  12.3 steps/s  ETA 1m05s  info".
+
+  On a TTY the line is redrawn in place (`\\r`) at most every `min_interval_s`; on a log
+  file a full line is printed at most every `min_interval_s`, and at least once per 10% of
+  progress. The final step always prints. The rate is measured from the first update on,
+  so the first chunk's compile time does not distort it; until a second update there is
+  no rate and no ETA. `clock` is injectable for tests.
+  """
+
+  BAR_WIDTH = 20
+
+  def __init__(self, total_steps: int, *, start_step: int = 0, stream: TextIO = sys.stderr,
+               min_interval_s: float = 1.0, label: str = "",
+               clock: Callable[[], float] = time.monotonic):
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+      raise ValueError(f"total_steps must be an int >= 1; got {total_steps!r}.")
+    if not 0 <= start_step <= total_steps:
+      raise ValueError(f"start_step must lie in [0, total_steps={total_steps}]; "
+                       f"got {start_step!r}.")
+    self.total = total_steps
+    self.stream = stream
+    self.min_interval_s = min_interval_s
+    self.label = label
+    self.clock = clock
+    isatty = getattr(stream, "isatty", None)
+    self.tty = bool(isatty and isatty())
+    self._first: tuple[float, int] | None = None  # (time, step) of the first update.
+    self._last_print: float | None = None
+    self._last_decile = start_step * 10 // total_steps
+    self._open_line = False  # a TTY line awaits its newline.
+    self._width = 0
+
+  def rate(self, step: int, now: float) -> float | None:
+    """Steps per second since the first update; None before there are two."""
+    if self._first is None or now <= self._first[0] or step <= self._first[1]:
+      return None
+    return (step - self._first[1]) / (now - self._first[0])
+
+  def line(self, step: int, now: float, info: str = "") -> str:
+    frac = step / self.total
+    filled = int(self.BAR_WIDTH * frac)
+    bar = f"[{'#' * filled}{'.' * (self.BAR_WIDTH - filled)}] {step}/{self.total}"
+    parts = [f"{self.label} {bar}" if self.label else bar, f"{100 * frac:3.0f}%"]
+    rate = self.rate(step, now)
+    if rate is None:
+      parts += ["-- steps/s", "ETA --"]
+    else:
+      parts += [f"{rate:.1f} steps/s" if rate >= 1 else f"{rate:.3f} steps/s",
+                f"ETA {format_duration((self.total - step) / rate)}"]
+    if info:
+      parts.append(info)
+    return "  ".join(parts)
+
+  def update(self, step: int, info: str = "") -> None:
+    if not 0 <= step <= self.total:
+      raise ValueError(f"step must lie in [0, total_steps={self.total}]; got {step!r}.")
+    now = self.clock()
+    if self._first is None:
+      self._first = (now, step)
+    done = step == self.total
+    due = self._last_print is None or now - self._last_print >= self.min_interval_s
+    decile = step * 10 // self.total
+    if not (done or due or (not self.tty and decile > self._last_decile)):
+      return
+    self._last_print, self._last_decile = now, decile
+    text = self.line(step, now, info)
+    if self.tty:
+      pad = " " * max(0, self._width - len(text))
+      self._width = len(text)
+      self.stream.write("\r" + text + pad + ("\n" if done else ""))
+      self._open_line = not done
+    else:
+      self.stream.write(text + "\n")
+    self.stream.flush()
+
+  def close(self) -> None:
+    """Ends an in-place TTY line so later output starts on a fresh line."""
+    if self._open_line:
+      self.stream.write("\n")
+      self.stream.flush()
+      self._open_line = False
+
+  def __enter__(self) -> Progress:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

@@ -1,0 +1,133 @@
+"""Experiment configs: a typed dataclass per experiment, presets, `--set key=value`."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import pathlib
+import sys
+import types
+import typing
+from typing import Any, Sequence
+
+import mpx
+
+EXPERIMENT_ATTRIBUTES = ("Config", "PRESETS", "PAPER", "METRICS", "build_groups")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+  """Fields every experiment has; experiments subclass it with their own.
+
+  Attributes:
+    seeds: members per (task, scheme, hparams) cell, seeds 0..seeds−1.
+    chunk_steps: steps per compiled chunk (lax.scan length) between host work.
+    eval_every: steps between evaluations, a multiple of chunk_steps; 0 = only at the end.
+    checkpoint_every: steps between checkpoints, a multiple of chunk_steps; 0 = only at
+      the end of each group (a SIGTERM still saves first).
+    keep_checkpoints: how many checkpoints to keep per group.
+  """
+  seeds: int = 2
+  chunk_steps: int = 50
+  eval_every: int = 0
+  checkpoint_every: int = 0
+  keep_checkpoints: int = 2
+
+  def __post_init__(self):
+    if self.seeds < 1:
+      raise ValueError(f"seeds must be >= 1; got {self.seeds}.")
+    if self.chunk_steps < 1:
+      raise ValueError(f"chunk_steps must be >= 1; got {self.chunk_steps}.")
+    for name in ("eval_every", "checkpoint_every"):
+      value = getattr(self, name)
+      if value < 0 or value % self.chunk_steps:
+        raise ValueError(f"{name}={value} must be 0 or a positive multiple of "
+                         f"chunk_steps={self.chunk_steps}.")
+
+
+def _parse(key: str, raw: str, annotation) -> Any:
+  """Parses `raw` as `annotation` (int, float, bool, str, X | None, tuple[X, ...])."""
+  origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+  if origin in (typing.Union, types.UnionType):
+    if raw.strip().lower() == "none" and type(None) in args:
+      return None
+    inner = [a for a in args if a is not type(None)]
+    return _parse(key, raw, inner[0])
+  if origin is tuple:
+    items = [s.strip() for s in raw.split(",") if s.strip()]
+    item_type = args[0] if args else str
+    return tuple(_parse(key, s, item_type) for s in items)
+  if annotation is bool:
+    if raw.lower() in ("true", "1", "yes"):
+      return True
+    if raw.lower() in ("false", "0", "no"):
+      return False
+    raise ValueError(f"--set {key}={raw}: expected true or false.")
+  try:
+    return annotation(raw)
+  except (TypeError, ValueError):
+    name = getattr(annotation, "__name__", str(annotation))
+    raise ValueError(f"--set {key}={raw}: expected a value of type {name}.") from None
+
+
+def apply_overrides(config, assignments: Sequence[str]):
+  """`["key=value", ...]` → a new config, type-checked against the dataclass fields."""
+  hints = typing.get_type_hints(type(config))
+  names = [f.name for f in dataclasses.fields(config)]
+  changes = {}
+  for assignment in assignments:
+    key, sep, raw = assignment.partition("=")
+    key = key.strip()
+    if not sep:
+      raise ValueError(f"--set {assignment!r}: expected key=value.")
+    if key not in names:
+      raise ValueError(f"--set {key}: unknown config key; valid keys: {', '.join(names)}.")
+    changes[key] = _parse(key, raw.strip(), hints[key])
+  return dataclasses.replace(config, **changes)
+
+
+def make_config(experiment: types.ModuleType, preset: str | None,
+                assignments: Sequence[str] = ()):
+  """The experiment's Config with the preset applied, then the `--set` overrides."""
+  preset = preset or next(iter(experiment.PRESETS))
+  if preset not in experiment.PRESETS:
+    raise ValueError(f"unknown preset {preset!r} for {experiment.NAME}; choose one of "
+                     f"{sorted(experiment.PRESETS)}.")
+  config = experiment.Config(**experiment.PRESETS[preset])
+  return preset, apply_overrides(config, assignments)
+
+
+def experiment_dirs() -> list[pathlib.Path]:
+  """Where experiment names are looked up: ./experiments, then the source checkout's."""
+  return [pathlib.Path.cwd() / "experiments",
+          pathlib.Path(mpx.__file__).resolve().parents[1] / "experiments"]
+
+
+def available_experiments() -> list[str]:
+  names = set()
+  for directory in experiment_dirs():
+    names.update(p.stem for p in directory.glob("*.py") if not p.stem.startswith("_"))
+  return sorted(names)
+
+
+def load_experiment(name_or_path: str) -> types.ModuleType:
+  """An experiment by name (`boolean_gotu`) or by path to its file."""
+  path = pathlib.Path(name_or_path)
+  if path.suffix != ".py":
+    candidates = [d / f"{name_or_path}.py" for d in experiment_dirs()]
+    path = next((c for c in candidates if c.exists()), None)
+    if path is None:
+      raise ValueError(f"unknown experiment {name_or_path!r}; available: "
+                       f"{', '.join(available_experiments()) or 'none found'} (or pass a "
+                       "path to an experiment file).")
+  elif not path.exists():
+    raise ValueError(f"experiment file {path} does not exist.")
+  spec = importlib.util.spec_from_file_location(f"mpx_experiment_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules.
+  spec.loader.exec_module(module)
+  missing = [a for a in EXPERIMENT_ATTRIBUTES if not hasattr(module, a)]
+  if missing:
+    raise ValueError(f"{path} is not an mpx experiment: it lacks {missing}.")
+  module.NAME = getattr(module, "NAME", path.stem)
+  return module

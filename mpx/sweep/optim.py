@@ -1,0 +1,102 @@
+"""Optax optimizers whose hyperparameters are per-member *data*.
+
+The optimizer is rebuilt inside the vmapped step from the member's traced scalars, so a
+new learning rate or weight decay changes values, never the compiled program. Only the
+*shape* of the schedule (warmup, total steps) is static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ("adam_l2", "adamw")
+SCHEDULES = ("constant", "warmup_cosine")
+MASK_LEAF = "mask_logits"
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """Static optimizer settings.
+
+  adam_l2: Adam with coupled L2 (`g + wd·θ` before the moments), PyTorch's
+    `Adam(weight_decay=…)`, which the GOTU code uses. adamw: decoupled decay.
+  Per-member values live in hparams: `learning_rate`, `weight_decay` and
+  `mask_lr_multiplier` (the mask's learning rate relative to the rest; 0 freezes it).
+  The mask never gets weight decay: decay would pull the prior towards M = 0.
+  """
+  optimizer: str = "adam_l2"
+  schedule: str = "constant"
+  total_steps: int = 1
+  warmup_steps: int = 0
+  grad_clip: float | None = None
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+
+  def __post_init__(self):
+    if self.optimizer not in OPTIMIZERS:
+      raise ValueError(f"optimizer={self.optimizer!r}; choose one of {OPTIMIZERS}.")
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f"schedule={self.schedule!r}; choose one of {SCHEDULES}.")
+    if not 0 <= self.warmup_steps < max(self.total_steps, 1):
+      raise ValueError(f"warmup_steps={self.warmup_steps} must be in [0, total_steps="
+                       f"{self.total_steps}).")
+
+
+def schedule_shape(config: OptimConfig) -> optax.Schedule:
+  """The learning-rate multiplier over steps, built once and scaled per member."""
+  if config.schedule == "constant":
+    return optax.constant_schedule(1.0)
+  return optax.warmup_cosine_decay_schedule(
+      0.0, 1.0, config.warmup_steps, config.total_steps, end_value=0.0)
+
+
+def is_mask_tree(params) -> "PyTree[bool]":
+  """True at every `mask_logits` leaf: the parameter group of the prior."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) == MASK_LEAF, params)
+
+
+def _scale_mask_updates(multiplier) -> optax.GradientTransformation:
+  def update(updates, state, params=None):
+    del params
+    mask = is_mask_tree(updates)
+    return jax.tree_util.tree_map(lambda u, m: u * multiplier if m else u, updates,
+                                  mask), state
+  return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
+def make_optimizer(config: OptimConfig,
+                   hparams: Mapping[str, jax.Array]) -> optax.GradientTransformation:
+  """The member's optimizer; `hparams` may be traced scalars."""
+  lr = hparams["learning_rate"]
+  wd = hparams.get("weight_decay", 0.0)
+  not_mask = lambda params: jax.tree_util.tree_map(lambda m: not m, is_mask_tree(params))
+  decay = optax.add_decayed_weights(wd, mask=not_mask)
+  shape = schedule_shape(config)
+  parts = []
+  if config.grad_clip is not None:
+    parts.append(optax.clip_by_global_norm(config.grad_clip))
+  if config.optimizer == "adam_l2":
+    parts.append(decay)
+  parts.append(optax.scale_by_adam(config.b1, config.b2, config.eps))
+  if config.optimizer == "adamw":
+    parts.append(decay)
+  parts.append(optax.scale_by_schedule(lambda count: -lr * shape(count)))
+  parts.append(_scale_mask_updates(hparams.get("mask_lr_multiplier", 1.0)))
+  return optax.chain(*parts)
+
+
+def stack_hparams(hparams: list[Mapping[str, float]]) -> dict[str, jax.Array]:
+  """Per-member hparam dicts → `{name: float32[K]}`; every member must name the same keys."""
+  names = sorted(hparams[0])
+  for i, h in enumerate(hparams):
+    if sorted(h) != names:
+      raise ValueError(f"member {i} has hparams {sorted(h)} but member 0 has {names}; "
+                       "every member of a sweep needs the same hparam names.")
+  return {n: jnp.asarray([h[n] for h in hparams], jnp.float32) for n in names}

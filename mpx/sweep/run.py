@@ -1,0 +1,163 @@
+"""`mpx run`: train an experiment's groups, evaluate, checkpoint, report.
+
+Host work happens between compiled chunks: evaluation (one `metrics.jsonl` line per
+member), progress, checkpoints (Orbax, one per group holding the whole stacked state), and
+a SIGTERM check (preemption saves a checkpoint, then exits; `--resume` continues
+bit-for-bit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import signal
+import sys
+import time
+import types
+
+import jax
+import numpy as np
+
+from mpx import checkpoint, report
+from mpx.sweep import config as config_lib
+from mpx.sweep import engine, optim
+
+PREEMPTED_EXIT_CODE = 143
+
+
+class Preempted(Exception):
+  """Raised after a SIGTERM once the state is safely checkpointed."""
+
+
+class _SigtermFlag:
+  """Turns SIGTERM into a flag checked between chunks (a chunk is never cut in half)."""
+
+  def __init__(self):
+    self.raised = False
+    self._previous = None
+
+  def __enter__(self):
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.raised = True
+
+  def __exit__(self, *exc):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def _is_due(step: int, every: int, last: int) -> bool:
+  return step == last or (every > 0 and step % every == 0)
+
+
+def _records(group, state, step, train_loss, metrics):
+  alive = np.asarray(state.alive)
+  diverged_step = np.asarray(state.diverged_step)
+  records = []
+  for i, (member, m) in enumerate(zip(group.members, metrics)):
+    record = report.member_record(member.describe() | {"member": i}, step,
+                                  dict(m, train_loss=float(train_loss[i])),
+                                  diverged=not bool(alive[i]))
+    record["group"] = group.name
+    if not alive[i]:
+      record["diverged_step"] = int(diverged_step[i])
+    records.append(record)
+  return records
+
+
+def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathlib.Path, *,
+                writer, saved_config: dict, resume: bool, sigterm: _SigtermFlag,
+                mesh=None) -> list[dict]:
+  """Trains one group to the end (or to a preemption); returns final member records."""
+  k = len(group.members)
+  size = engine.padded_size(k, mesh)
+  hparams = engine.shard_members(
+      engine.pad_members(optim.stack_hparams([m.hparams for m in group.members]), size), mesh)
+  data = engine.shard_members(engine.pad_members(dict(group.train_data), size), mesh)
+  state = engine.shard_members(engine.pad_members(engine.init_state(group), size), mesh)
+  with checkpoint.Checkpointer(run_dir / "checkpoints" / group.name,
+                               max_to_keep=cfg.keep_checkpoints) as ckpt:
+    if resume and ckpt.latest_step() is not None:
+      state, _ = ckpt.restore(state)
+    train_chunk = engine.make_train_chunk(group, cfg.chunk_steps)
+    step = int(state.step)
+    train_loss = np.full((size,), np.nan)
+    progress = report.Progress(group.steps, start_step=step,
+                               label=f"{group.name} ({k} members)")
+    while step < group.steps:
+      state, loss = train_chunk(state, hparams, data)
+      step, train_loss = int(state.step), np.asarray(loss)
+      progress.update(step, f"loss {np.nanmean(train_loss[:k]):.4g}, "
+                            f"diverged {int(k - np.asarray(state.alive)[:k].sum())}")
+      if _is_due(step, cfg.eval_every, group.steps):
+        metrics = group.evaluate(state.params, group.members)
+        writer.write(_records(group, state, step, train_loss, metrics))
+      if _is_due(step, cfg.checkpoint_every, group.steps) or sigterm.raised:
+        ckpt.save(step, state, saved_config)
+      if sigterm.raised and step < group.steps:
+        progress.close()
+        raise Preempted(f"SIGTERM: saved group {group.name} at step {step}.")
+    progress.close()
+  metrics = group.evaluate(state.params, group.members)
+  return _records(group, state, group.steps, train_loss, metrics)
+
+
+def _check_resume_config(run_dir: pathlib.Path, saved: dict) -> None:
+  path = run_dir / "config.json"
+  if not path.exists():
+    raise FileNotFoundError(f"--resume: {path} does not exist; nothing to resume.")
+  previous = json.loads(path.read_text())
+  if previous != saved:
+    keys = sorted(k for k in set(previous["config"]) | set(saved["config"])
+                  if previous["config"].get(k) != saved["config"].get(k))
+    raise ValueError(f"--resume: the config differs from the run in {run_dir} "
+                     f"(experiment/preset or keys {keys}); use the same --preset and --set.")
+
+
+def _completed_steps(run_dir: pathlib.Path) -> dict[str, int]:
+  """Each group's latest checkpointed step: the metrics to keep on resume."""
+  steps = {}
+  root = run_dir / "checkpoints"
+  for directory in (root.iterdir() if root.exists() else []):
+    with checkpoint.Checkpointer(directory) as ckpt:
+      latest = ckpt.latest_step()
+    if latest is not None:
+      steps[directory.name] = latest
+  return steps
+
+
+def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
+                   overrides=(), out_dir: str | None = None, resume: bool = False,
+                   devices=None) -> dict:
+  """Builds, trains and reports one experiment; returns the summary dict."""
+  preset, cfg = config_lib.make_config(experiment, preset, overrides)
+  run_dir = pathlib.Path(out_dir or f"runs/{experiment.NAME}-{preset}")
+  saved_config = {"experiment": experiment.NAME, "preset": preset,
+                  "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
+  if resume:
+    _check_resume_config(run_dir, saved_config)
+    completed = _completed_steps(run_dir)
+    keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
+  else:
+    keep = None
+  run_dir.mkdir(parents=True, exist_ok=True)
+  (run_dir / "config.json").write_text(json.dumps(saved_config, indent=2) + "\n")
+  mesh = engine.member_mesh(devices)
+  print(f"mpx run {experiment.NAME} --preset {preset} → {run_dir} "
+        f"({jax.device_count()} {jax.default_backend()} device(s))", file=sys.stderr)
+  groups = experiment.build_groups(cfg)
+  final = []
+  with report.MetricsWriter(run_dir, keep=keep) as writer, _SigtermFlag() as sigterm:
+    for group in groups:
+      final += train_group(group, cfg, run_dir, writer=writer, saved_config=saved_config,
+                           resume=resume, sigterm=sigterm, mesh=mesh)
+  members = [{k: r[k] for k in ("task", "scheme", "seed", "hparams", "diverged")} |
+             {"metrics": {m: r[m] for m in experiment.METRICS if m in r}} for r in final]
+  summary = report.write_summary(run_dir, experiment=experiment.NAME, preset=preset,
+                                 members=members, paper=experiment.PAPER,
+                                 metric_names=list(experiment.METRICS))
+  print((run_dir / "summary.md").read_text())
+  return summary

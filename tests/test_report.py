@@ -1,0 +1,269 @@
+"""Run outputs: metrics log round trip and resume, summaries, tables, progress line."""
+
+import io
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from mpx import report
+
+HP = {"learning_rate": 1e-5, "weight_decay": 1e-3}
+
+
+def _member(scheme, seed, **hp):
+  return {"task": "2parity", "scheme": scheme, "seed": seed, "hparams": {**HP, **hp}}
+
+
+def _records(step):
+  return [report.member_record({**_member(s, 0), "member": i}, step,
+                               {"loss": 1.0 / (step + 1), "accuracy": 0.75}, diverged=False)
+          for i, s in enumerate(("default", "mask"))]
+
+
+# ----------------------------------------------------------------------------- metrics.jsonl
+
+
+def test_member_record_is_flat():
+  r = report.member_record({**_member("mask", 3), "member": 7}, 40,
+                           {"loss": 0.5, "accuracy": 1.0}, diverged=True)
+  assert r == {"step": 40, "task": "2parity", "scheme": "mask", "seed": 3, "member": 7,
+               "hparams": HP, "diverged": True, "loss": 0.5, "accuracy": 1.0}
+  with pytest.raises(ValueError, match="clash"):
+    report.member_record(_member("mask", 3), 0, {"seed": 1.0}, diverged=False)
+  with pytest.raises(ValueError, match="describe"):
+    report.member_record({"task": "2parity"}, 0, {}, diverged=False)
+
+
+def test_jsonl_round_trip(tmp_path):
+  with report.MetricsWriter(tmp_path / "run") as w:
+    w.write(_records(0))
+    w.write(_records(10))
+  got = report.read_metrics(tmp_path / "run")
+  assert got == _records(0) + _records(10)
+  lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+  assert len(lines) == 4
+  assert lines[0] == json.dumps(_records(0)[0], sort_keys=True)
+
+
+def test_non_finite_floats_are_written_as_null(tmp_path):
+  with report.MetricsWriter(tmp_path) as w:
+    w.write([{"step": 5, "loss": float("nan"), "grad": float("-inf"),
+              "acc": np.float32(np.inf), "ok": np.float64(0.5), "n": np.int32(3),
+              "vec": np.array([1.0, np.nan])}])
+  text = (tmp_path / "metrics.jsonl").read_text()
+  assert "NaN" not in text and "Infinity" not in text
+  json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+  assert report.read_metrics(tmp_path) == [
+      {"step": 5, "loss": None, "grad": None, "acc": None, "ok": 0.5, "n": 3,
+       "vec": [1.0, None]}]
+
+
+def test_resume_truncates_to_an_uninterrupted_log(tmp_path):
+  killed, clean = tmp_path / "killed", tmp_path / "clean"
+  with report.MetricsWriter(killed) as w:  # checkpoint at 10, killed after logging 20, 30.
+    for step in (0, 10, 20, 30):
+      w.write(_records(step))
+  with open(killed / "metrics.jsonl", "a") as f:
+    f.write('{"step": 40, "lo')  # torn by the kill mid-write.
+  with report.MetricsWriter(clean) as w:
+    for step in (0, 10):
+      w.write(_records(step))
+
+  with report.MetricsWriter(killed, resume_step=10) as w:
+    assert [r["step"] for r in report.read_metrics(killed)] == [0, 0, 10, 10]
+    assert (killed / "metrics.jsonl").read_bytes() == (clean / "metrics.jsonl").read_bytes()
+    w.write(_records(20))
+  with report.MetricsWriter(clean, resume_step=10) as w:  # nothing after 10: unchanged.
+    w.write(_records(20))
+  assert (killed / "metrics.jsonl").read_bytes() == (clean / "metrics.jsonl").read_bytes()
+  assert not os.path.exists(killed / "metrics.jsonl.tmp")
+
+  with report.MetricsWriter(tmp_path / "new", resume_step=10) as w:  # no log yet: fine.
+    w.write(_records(20))
+  assert len(report.read_metrics(tmp_path / "new")) == 2
+
+
+def test_fresh_run_refuses_an_existing_log(tmp_path):
+  with report.MetricsWriter(tmp_path) as w:
+    w.write(_records(0))
+  with pytest.raises(FileExistsError, match="--resume.*--out"):
+    report.MetricsWriter(tmp_path)
+  (tmp_path / "metrics.jsonl").write_text("")
+  report.MetricsWriter(tmp_path).close()  # an empty log is no earlier run.
+
+
+def test_bad_records_and_corrupt_logs_raise(tmp_path):
+  w = report.MetricsWriter(tmp_path)
+  with pytest.raises(ValueError, match="'step'"):
+    w.write([{"loss": 1.0}])
+  with pytest.raises(ValueError, match="int >= 0"):
+    w.write([{"step": 1.5}])
+  w.close()
+  with pytest.raises(ValueError, match="closed"):
+    w.write(_records(0))
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0}\nnot json\n{"step": 1}\n')
+  with pytest.raises(ValueError, match="metrics.jsonl:2"):
+    report.read_metrics(tmp_path)
+  with pytest.raises(ValueError, match="resume_step"):
+    report.MetricsWriter(tmp_path, resume_step=-1)
+
+
+# ----------------------------------------------------------------------------- summaries
+
+NAN = float("nan")
+# 3 seeds x 2 schemes; mask seed 2 diverged.
+MEMBERS = [
+    {**_member("default", 0), "metrics": {"accuracy": 0.70, "loss": 1.0}, "diverged": False},
+    {**_member("default", 1), "metrics": {"accuracy": 0.75, "loss": 2.0}, "diverged": False},
+    {**_member("default", 2), "metrics": {"accuracy": 0.80, "loss": 3.0}, "diverged": False},
+    {**_member("mask", 0), "metrics": {"accuracy": 1.00, "loss": 0.5}, "diverged": False},
+    {**_member("mask", 1), "metrics": {"accuracy": 0.50, "loss": 1.5}, "diverged": False},
+    {**_member("mask", 2), "metrics": {"accuracy": NAN, "loss": NAN}, "diverged": True},
+]
+PAPER = {"2parity": {"default": {"accuracy": 0.75}, "mask": {"accuracy": 1.0, "loss": 0.0029}}}
+
+
+def test_summarize_by_hand():
+  default, mask = report.summarize(MEMBERS, ["accuracy", "loss"])
+  assert (default["scheme"], default["n_seeds"], default["n_diverged"]) == ("default", 3, 0)
+  assert (mask["scheme"], mask["n_seeds"], mask["n_diverged"]) == ("mask", 3, 1)
+  assert default["hparams"] == HP and default["task"] == "2parity"
+  # default accuracy: deviations ±0.05, 0 -> population variance 0.005 / 3.
+  acc = default["accuracy"]
+  assert acc["mean"] == pytest.approx(0.75) and acc["n"] == 3
+  assert acc["std"] == pytest.approx(math.sqrt(0.005 / 3))
+  assert (acc["min"], acc["max"]) == (0.70, 0.80)
+  assert default["loss"] == pytest.approx(
+      {"mean": 2.0, "std": math.sqrt(2 / 3), "min": 1.0, "max": 3.0, "n": 3})
+  # mask: only seeds 0 and 1 count.
+  assert mask["accuracy"] == pytest.approx(
+      {"mean": 0.75, "std": 0.25, "min": 0.5, "max": 1.0, "n": 2})
+  assert mask["loss"] == pytest.approx(
+      {"mean": 1.0, "std": 0.5, "min": 0.5, "max": 1.5, "n": 2})
+
+
+def test_summarize_groups_by_hparams_and_edge_cases():
+  one = [{**_member("mask", 0), "metrics": {"loss": 2.0}, "diverged": False},
+         {**_member("mask", 0, learning_rate=1e-4), "metrics": {"loss": 3.0},
+          "diverged": True}]
+  a, b = report.summarize(one, ["loss"])
+  assert a["loss"] == {"mean": 2.0, "std": 0.0, "min": 2.0, "max": 2.0, "n": 1}
+  assert b["hparams"]["learning_rate"] == 1e-4 and b["n_diverged"] == 1
+  assert b["loss"] == {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+  with pytest.raises(ValueError, match="repeats seed 0"):
+    report.summarize([one[0], one[0]], ["loss"])
+  with pytest.raises(ValueError, match="lacks"):
+    report.summarize([{"task": "t"}], ["loss"])
+
+
+def test_format_table_formats_and_varying_columns():
+  rows = report.summarize(MEMBERS, ["accuracy", "loss"])
+  table = report.format_table(rows, ["accuracy", "loss"], PAPER)
+  lines = table.splitlines()
+  assert lines[0] == "| task | scheme | seeds | accuracy (%) | paper | loss | paper |"
+  assert "| 2parity | default | 3 | 75.00 ± 4.08 | 75.00 | 2.000 ± 0.8165 | — |" in lines
+  assert "| 2parity | mask | 3 (1 diverged) | 75.00 ± 25.00 | 100.00 | 1.000 ± 0.5000 | 0.0029 |" in lines
+
+  # Only learning_rate differs; a metric the paper never reports has no paper column.
+  members = [{**m, "hparams": {**m["hparams"], "learning_rate": 1e-3 * (1 + m["seed"])},
+              "metrics": {**m["metrics"], "test_accuracy": 0.5}} for m in MEMBERS[:2]]
+  rows = report.summarize(members, ["test_accuracy", "loss"])
+  table = report.format_table(rows, ["test_accuracy", "loss"], {})
+  lines = table.splitlines()
+  assert lines[0] == "| task | scheme | learning_rate | seeds | test_accuracy (%) | loss |"
+  assert lines[2] == "| 2parity | default | 0.001 | 1 | 50.00 ± 0.00 | 1.000 ± 0.000 |"
+  assert lines[3] == "| 2parity | default | 0.002 | 1 | 50.00 ± 0.00 | 2.000 ± 0.000 |"
+  assert "weight_decay" not in table
+
+  assert report.is_percent_metric("accuracy") and report.is_percent_metric("accuracy_unseen")
+  assert report.is_percent_metric("seq_accuracy") and not report.is_percent_metric("loss")
+  assert "| 0.5000 ± 0.000 |" in report.format_table(
+      rows, ["test_accuracy"], {}, percent_metrics=())
+
+
+def test_write_summary(tmp_path):
+  summary = report.write_summary(
+      tmp_path / "run", experiment="boolean", preset="quick", members=MEMBERS, paper=PAPER,
+      metric_names=["accuracy", "loss"], extra_tables={"Unseen outputs": "| a |\n|---|\n| 1 |"})
+  on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert set(on_disk) == {"experiment", "preset", "members", "paper"}
+  assert on_disk == summary
+  assert on_disk["experiment"] == "boolean" and on_disk["preset"] == "quick"
+  assert on_disk["paper"] == PAPER and len(on_disk["members"]) == 6
+  assert on_disk["members"][5]["metrics"] == {"accuracy": None, "loss": None}
+  md = (tmp_path / "run" / "summary.md").read_text()
+  assert md.startswith("# boolean (preset quick)\n")
+  assert "6 members, 1 diverged" in md
+  assert "| 2parity | mask | 3 (1 diverged) | 75.00 ± 25.00 | 100.00 | 1.000 ± 0.5000 | 0.0029 |" in md
+  assert "## Unseen outputs\n\n| a |\n|---|\n| 1 |\n" in md
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+class _Clock:
+
+  def __init__(self):
+    self.t = 0.0
+
+  def __call__(self):
+    return self.t
+
+
+def test_progress_on_a_log_stream():
+  out, clock = io.StringIO(), _Clock()
+  p = report.Progress(100, stream=out, label="boolean", clock=clock)
+  for t, step in [(0.0, 10), (0.1, 11), (2.0, 20), (2.1, 30), (2.2, 100)]:
+    clock.t = t
+    p.update(step, info="loss 0.5")
+  p.close()
+  lines = out.getvalue().splitlines()
+  assert "\r" not in out.getvalue()
+  assert len(lines) == 4  # step 11: too soon and same 10% bucket.
+  assert lines[0].startswith("boolean [##..................] 10/100")
+  assert "-- steps/s" in lines[0] and "ETA --" in lines[0]  # no rate from compile chunk.
+  assert lines[1] == ("boolean [####................] 20/100   20%  5.0 steps/s  ETA 16s"
+                      "  loss 0.5")  # 10 steps in 2 s, 80 to go.
+  assert "30/100" in lines[2]  # printed within the interval: a new 10% bucket.
+  assert lines[3].startswith("boolean [####################] 100/100  100%")
+  assert "ETA 0s" in lines[3]
+
+
+def test_progress_on_a_tty_redraws_in_place():
+
+  class Tty(io.StringIO):
+
+    def isatty(self):
+      return True
+
+  out, clock = Tty(), _Clock()
+  with report.Progress(50, start_step=10, stream=out, min_interval_s=1.0, clock=clock) as p:
+    clock.t = 0.0
+    p.update(20)
+    clock.t = 0.5
+    p.update(30)  # too soon on a TTY, even in a new bucket.
+    clock.t = 0.6
+    p.update(50)
+  text = out.getvalue()
+  assert text.count("\r") == 2 and text.endswith("\n") and text.count("\n") == 1
+  assert "50/50  100%" in text and "50.0 steps/s" in text  # 30 steps in 0.6 s since step 20.
+  with pytest.raises(ValueError, match="step"):
+    p.update(51)
+  with pytest.raises(ValueError, match="total_steps"):
+    report.Progress(0)
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0, "0s"), (45, "45s"), (45.4, "45s"), (59.6, "1m00s"), (65, "1m05s"),
+    (3599, "59m59s"), (7380, "2h03m"), (7399, "2h03m"), (90000, "1d01h")])
+def test_format_duration(seconds, text):
+  assert report.format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan")])
+def test_format_duration_rejects(bad):
+  with pytest.raises(ValueError, match="format_duration"):
+    report.format_duration(bad)

@@ -1,0 +1,167 @@
+"""`mpx run`: outputs, exact resume (also after SIGKILL), SIGTERM, divergence, --set."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from mpx import checkpoint, cli, report
+from mpx.sweep import config as config_lib
+from mpx.sweep import engine, run
+
+TESTS = pathlib.Path(__file__).parent
+TOY = str(TESTS / "toy_experiment.py")
+
+
+def _final_params(run_dir, group_name):
+  """The group's last checkpointed state, restored into the group's own structure."""
+  experiment = config_lib.load_experiment(TOY)
+  _, cfg = config_lib.make_config(experiment, None)
+  group = [g for g in experiment.build_groups(cfg) if g.name == group_name][0]
+  with checkpoint.Checkpointer(pathlib.Path(run_dir) / "checkpoints" / group_name) as ckpt:
+    state, _ = ckpt.restore(engine.init_state(group))
+  return state
+
+
+def _assert_same_run(dir_a, dir_b):
+  for name in ("toy_a", "toy_b"):
+    a, b = _final_params(dir_a, name), _final_params(dir_b, name)
+    assert int(a.step) == int(b.step) == 24
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+      np.testing.assert_array_equal(x, y)
+  metrics = lambda d: (pathlib.Path(d) / "metrics.jsonl").read_bytes()
+  assert metrics(dir_a) == metrics(dir_b)
+  summary = lambda d: json.loads((pathlib.Path(d) / "summary.json").read_text())
+  assert summary(dir_a) == summary(dir_b)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  out = tmp_path_factory.mktemp("uninterrupted")
+  assert cli.main(["run", TOY, "--out", str(out)]) == 0
+  return out
+
+
+def test_run_writes_outputs(uninterrupted, capsys):
+  records = report.read_metrics(uninterrupted)
+  assert len(records) == 2 * 4 * (24 // 4)       # groups × members × evaluations
+  assert {r["group"] for r in records} == {"toy_a", "toy_b"}
+  assert {"mean_output", "train_loss", "step", "scheme", "seed", "hparams"} <= set(records[0])
+  summary = json.loads((uninterrupted / "summary.json").read_text())
+  assert set(summary) == {"experiment", "preset", "members", "paper"}
+  assert len(summary["members"]) == 8 and not any(m["diverged"] for m in summary["members"])
+  assert "mean_output" in summary["members"][0]["metrics"]
+  assert "| toy | mask |" in (uninterrupted / "summary.md").read_text()
+  saved = json.loads((uninterrupted / "config.json").read_text())
+  assert saved["config"]["steps"] == 24 and saved["preset"] == "default"
+
+
+def test_rerun_into_same_dir_without_resume_is_an_error(uninterrupted, capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["run", TOY, "--out", str(uninterrupted)])
+  assert "--resume" in capsys.readouterr().err
+
+
+def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
+  out = tmp_path / "sigterm"
+  fired = []
+  experiment = config_lib.load_experiment(TOY)
+  original = experiment.build_groups
+
+  def build_groups_with_preemption(cfg):
+    groups = original(cfg)
+    evaluate = groups[0].evaluate
+
+    def evaluate_then_sigterm(params, members):
+      if not fired:                              # Preempted after the first evaluation.
+        fired.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+      return evaluate(params, members)
+
+    groups[0].evaluate = evaluate_then_sigterm
+    return groups
+
+  experiment.build_groups = build_groups_with_preemption
+  with pytest.raises(run.Preempted):
+    run.run_experiment(experiment, out_dir=str(out))
+  with checkpoint.Checkpointer(out / "checkpoints" / "toy_a") as ckpt:
+    assert ckpt.latest_step() == 4
+  assert not (out / "summary.json").exists()
+  assert cli.main(["run", TOY, "--out", str(out), "--resume"]) == 0
+  _assert_same_run(uninterrupted, out)
+
+
+def test_sigkill_after_checkpoint_then_resume_is_exact(uninterrupted, tmp_path):
+  out = tmp_path / "killed"
+  mpx = pathlib.Path(sys.executable).parent / "mpx"
+  proc = subprocess.Popen([str(mpx), "run", TOY, "--out", str(out)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  ckpt_dir = out / "checkpoints" / "toy_a"
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    steps = [p.name for p in ckpt_dir.glob("*") if p.name.isdigit()] if ckpt_dir.exists() else []
+    if any(int(s) >= 6 for s in steps):
+      break
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+  assert not (out / "summary.json").exists()
+  assert cli.main(["run", TOY, "--out", str(out), "--resume"]) == 0
+  _assert_same_run(uninterrupted, out)
+
+
+def test_resume_with_another_config_is_an_error(uninterrupted, capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["run", TOY, "--out", str(uninterrupted), "--resume", "--set", "steps=8"])
+  assert "steps" in capsys.readouterr().err
+
+
+def test_diverged_member_is_reported_and_others_unchanged(uninterrupted, tmp_path):
+  out = tmp_path / "diverged"
+  assert cli.main(["run", TOY, "--out", str(out), "--set", "bad_learning_rate=1e30"]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  flags = [(m["scheme"], m["seed"], m["diverged"]) for m in summary["members"]]
+  assert ("mask", 1, True) in flags and ("mask", 11, True) in flags
+  assert sum(d for _, _, d in flags) == 2
+  records = [r for r in report.read_metrics(out) if r["diverged"]]
+  assert records and all("diverged_step" in r for r in records)
+  healthy = lambda d: [(r["group"], r["member"], r["step"], r["mean_output"])
+                       for r in report.read_metrics(d) if not (r["scheme"] == "mask" and
+                                                               r["seed"] % 10 == 1)]
+  assert healthy(out) == healthy(uninterrupted)
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("stepz=3", "unknown config key; valid keys: .*steps"),
+    ("steps=three", "steps=three: expected a value of type int"),
+    ("schemes", "expected key=value"),
+])
+def test_set_errors_name_the_key(assignment, message):
+  experiment = config_lib.load_experiment(TOY)
+  with pytest.raises(ValueError, match=message):
+    config_lib.make_config(experiment, None, [assignment])
+
+
+def test_set_parses_types():
+  experiment = config_lib.load_experiment(TOY)
+  _, cfg = config_lib.make_config(experiment, "default", [
+      "steps=8", "learning_rate=0.5", "bad_learning_rate=none", "schemes=mask, default"])
+  assert (cfg.steps, cfg.learning_rate, cfg.bad_learning_rate) == (8, 0.5, None)
+  assert cfg.schemes == ("mask", "default")
+  with pytest.raises(ValueError, match="multiple of chunk_steps"):
+    config_lib.make_config(experiment, "default", ["eval_every=3"])
+
+
+def test_unknown_experiment_and_preset():
+  with pytest.raises(ValueError, match="available: .*boolean_gotu"):
+    config_lib.load_experiment("boolean_gotoo")
+  with pytest.raises(ValueError, match="unknown preset"):
+    config_lib.make_config(config_lib.load_experiment(TOY), "paper")

@@ -1,0 +1,42 @@
+"""A tiny two-group experiment for the `mpx run` tests.
+
+    mpx run tests/toy_experiment.py --out /tmp/toy
+"""
+
+import dataclasses
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import sweep_fixtures as fx  # noqa: E402
+from mpx.sweep.config import SweepConfig  # noqa: E402
+
+METRICS = ("mean_output",)
+PAPER = {"toy": {"mask": {"mean_output": 0.0}}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(SweepConfig):
+  steps: int = 24
+  learning_rate: float = 1e-2
+  bad_learning_rate: float | None = None   # Gives seed 1's mask member this lr.
+  schemes: tuple[str, ...] = ("mask", "default")
+
+
+PRESETS = {"default": dict(seeds=2, chunk_steps=2, eval_every=4, checkpoint_every=2),
+           "slow": dict(seeds=2, chunk_steps=2, eval_every=4, checkpoint_every=2, steps=200)}
+
+
+def build_groups(config):
+  groups = []
+  for name in ("toy_a", "toy_b"):
+    members = []
+    for scheme in config.schemes:
+      for seed in range(config.seeds):
+        lr = config.learning_rate
+        if config.bad_learning_rate and scheme == "mask" and seed == 1:
+          lr = config.bad_learning_rate
+        members.append(fx.member(seed + (name == "toy_b") * 10, scheme, lr=lr))
+    groups.append(fx.group(members, steps=config.steps, sampling="epoch", name=name))
+  return groups
