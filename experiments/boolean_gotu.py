@@ -75,9 +75,8 @@ class Config(SweepConfig):
 
 
 PRESETS = {
-    "quick": dict(seeds=2, width=64, depth=2, num_heads=4, head_dim=16, mlp_dim=64,
-                  learning_rate=1e-3, epochs=3, chunk_steps=24, eval_every=96,
-                  qk_opt_steps=2000),
+    "quick": dict(seeds=2, width=32, depth=2, num_heads=2, head_dim=16, mlp_dim=32,
+                  learning_rate=1e-3, epochs=2, chunk_steps=16, qk_opt_steps=2000),
     "paper": dict(seeds=10, chunk_steps=32, eval_every=320, checkpoint_every=320),
     "tiny": dict(tasks=("2parity",), schemes=("default", "mask"), seeds=1, width=16,
                  depth=1, num_heads=2, head_dim=8, mlp_dim=16, learning_rate=1e-3,

@@ -49,12 +49,6 @@ def _prior_command(args) -> int:
   return 0
 
 
-def _demo_command(args) -> int:
-  from mpx import demo
-  demo.run(steps=args.steps, seed=args.seed)
-  return 0
-
-
 def _run_command(args) -> int:
   from mpx.sweep import config as config_lib
   from mpx.sweep import run as run_lib
@@ -73,11 +67,6 @@ def make_parser() -> argparse.ArgumentParser:
       prog="mpx", description="Mask-based attention priors: log σ(M) added to the logits.")
   parser.add_argument("--version", action="version", version=f"mpx {mpx.__version__}")
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-  demo = sub.add_parser("demo", help="train a small masked transformer on 2Parity (CPU, ~1 min)")
-  demo.add_argument("--steps", type=int, default=400, help="training steps per scheme")
-  demo.add_argument("--seed", type=int, default=0)
-  demo.set_defaults(func=_demo_command)
 
   run = sub.add_parser("run", help="train an experiment's sweep (all members in one program)")
   run.add_argument("experiment", help="experiment name (e.g. boolean_gotu) or path to its file")

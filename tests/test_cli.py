@@ -27,7 +27,7 @@ def test_console_script_is_installed():
   script = pathlib.Path(sys.executable).parent / "mpx"
   out = subprocess.run([str(script), "--help"], capture_output=True, text=True,
                        check=True).stdout
-  assert "demo" in out and "prior" in out
+  assert "run" in out and "prior" in out
 
 
 @pytest.mark.parametrize("name, args, heads", [

@@ -121,12 +121,16 @@ def init_state(group: Group) -> SweepState:
                     jnp.full((k,), -1, jnp.int32), jnp.zeros((), jnp.int32))
 
 
-def _batch_indices(key, step, num_examples: int, batch_size: int, sampling: str):
+def epoch_order(key, epoch, num_examples: int) -> jax.Array:
+  """The example order of one epoch: a permutation drawn from `fold_in(key, epoch)`."""
+  return jax.random.permutation(jax.random.fold_in(key, epoch), num_examples)
+
+
+def _batch_indices(key, step, order, num_examples: int, batch_size: int, sampling: str):
+  """Indices of the batch at `step`: iid draws, or the epoch order's next slice."""
   if sampling == "iid":
     return jax.random.randint(jax.random.fold_in(key, step), (batch_size,), 0, num_examples)
-  per_epoch = num_examples // batch_size
-  epoch, position = step // per_epoch, step % per_epoch
-  order = jax.random.permutation(jax.random.fold_in(key, epoch), num_examples)
+  position = step % (num_examples // batch_size)
   return jax.lax.dynamic_slice_in_dim(order, position * batch_size, batch_size)
 
 
@@ -144,9 +148,10 @@ def make_member_step(group: Group) -> Callable:
   state and records the step it diverged at."""
   loss_and_grad = jax.value_and_grad(group.loss_fn)
 
-  def step_fn(params, opt_state, raw_key, alive, diverged_step, hparams, data, step):
+  def step_fn(params, opt_state, raw_key, alive, diverged_step, hparams, data, order, step):
     key = jax.random.wrap_key_data(raw_key)
-    idx = _batch_indices(key, step, group.num_examples, group.batch_size, group.sampling)
+    idx = _batch_indices(key, step, order, group.num_examples, group.batch_size,
+                         group.sampling)
     batch = {name: array[idx] for name, array in data.items()}
     loss, grads = loss_and_grad(params, batch)
     optimizer = optim.make_optimizer(group.optim, hparams)
@@ -166,23 +171,38 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
   """`(state, hparams, data) → (state, mean_loss[K])` for `chunk_steps` steps.
 
   Steps past `group.steps` are no-ops, so every chunk has the same length and the
-  program compiles once. The state is donated.
+  program compiles once. The state is donated. With epoch sampling the epoch's order is
+  drawn at the chunk's start and at each epoch boundary (a `lax.cond` outside the member
+  vmap), not every step: a permutation is a sort over the whole training set.
   """
   if chunk_steps < 1:
     raise ValueError(f"chunk_steps must be >= 1; got {chunk_steps}.")
-  member_step = jax.vmap(make_member_step(group), in_axes=(0, 0, 0, 0, 0, 0, 0, None))
+  member_step = jax.vmap(make_member_step(group), in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None))
+  per_epoch = group.num_examples // group.batch_size
+  epoch_orders = jax.vmap(
+      lambda raw_key, epoch: epoch_order(jax.random.wrap_key_data(raw_key), epoch,
+                                         group.num_examples), in_axes=(0, None))
+
+  def orders_at(state, step):
+    if group.sampling != "epoch":
+      return jnp.zeros((state.key.shape[0], 0), jnp.int32)
+    return epoch_orders(state.key, step // per_epoch)
 
   def chunk(state: SweepState, hparams, data):
-    def body(carry: SweepState, step):
+    def body(carry, step):
+      state, order = carry
+      if group.sampling == "epoch":
+        order = jax.lax.cond(step % per_epoch == 0, lambda: orders_at(state, step),
+                             lambda: order)
       params, opt_state, alive, diverged_step, loss = member_step(
-          carry.params, carry.opt_state, carry.key, carry.alive, carry.diverged_step,
-          hparams, data, step)
+          state.params, state.opt_state, state.key, state.alive, state.diverged_step,
+          hparams, data, order, step)
       active = step < group.steps
-      new = SweepState(params, opt_state, carry.key, alive, diverged_step, carry.step + 1)
-      return _select(active, new, carry), jnp.where(active, loss, 0.0)
+      new = SweepState(params, opt_state, state.key, alive, diverged_step, state.step + 1)
+      return (_select(active, new, state), order), jnp.where(active, loss, 0.0)
 
     steps = state.step + jnp.arange(chunk_steps, dtype=jnp.int32)
-    final, losses = jax.lax.scan(body, state, steps)
+    (final, _), losses = jax.lax.scan(body, (state, orders_at(state, state.step)), steps)
     counted = jnp.maximum(jnp.minimum(group.steps - state.step, chunk_steps), 1)
     return final, jnp.sum(losses, axis=0) / counted
 
