@@ -114,6 +114,7 @@ def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int):
   mdi = boolean.mdi_values(task)
   unseen = ~task.seen(x_cube)
   tokens = boolean_tokens(x_cube)
+  monomials = boolean.task_monomials(task)
 
   @jax.jit
   def predict(params_K, tokens_BN):
@@ -129,6 +130,8 @@ def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int):
       m["unseen_mean_output"] = float(pred[unseen].mean())
       coeffs = boolean.fourier_coefficients(pred, task.n_bits)
       m["degree_profile"] = boolean.degree_profile(coeffs, task.n_bits).round(6).tolist()
+      m["fourier"] = {boolean.monomial_label(s): round(float(coeffs[sum(1 << i for i in s)]), 6)
+                      for s in monomials}
       results.append(m)
     return results
 

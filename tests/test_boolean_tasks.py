@@ -378,3 +378,14 @@ def test_make_task_errors(kwargs, match):
 def test_make_splits_bad_seed():
   with pytest.raises(ValueError, match="seed must be an int"):
     boolean.make_splits(boolean.get_task("2parity"), seed=0.5)
+
+
+def test_task_monomials_cover_target_and_mdi():
+  parity = boolean.get_task("2parity")
+  assert boolean.task_monomials(parity) == ((), (0,), (1,), (0, 1))
+  assert [boolean.monomial_label(s) for s in boolean.task_monomials(parity)] == [
+      "1", "x0", "x1", "x0x1"]
+  majority = boolean.task_monomials(boolean.get_task("majority3"))
+  assert {(0,), (1,), (2,), (0, 2), (1, 2), (0, 1, 2)} <= set(majority)
+  cyclic = boolean.task_monomials(boolean.get_task("cyclic3"))
+  assert len([s for s in cyclic if len(s) == 3]) == 15 and () in cyclic

@@ -433,6 +433,23 @@ def min_degree_interpolator(task: BooleanTask,
 
 
 @functools.lru_cache(maxsize=None)
+def task_monomials(task: BooleanTask) -> tuple[tuple[int, ...], ...]:
+  """The monomials of the target and of its MDI, lowest degree first: the coefficients a
+  learned function has on them tell which of the two it learned."""
+  _, y_P, _ = _cube_data(task)
+  target = fourier_coefficients(y_P, task.n_bits)
+  subsets = {tuple(i for i in range(task.n_bits) if mask >> i & 1)
+             for mask in np.flatnonzero(np.abs(target) > _ZERO_TOL)}
+  subsets |= set(min_degree_interpolator(task))
+  return tuple(sorted(subsets, key=lambda s: (len(s), s)))
+
+
+def monomial_label(subset: tuple[int, ...]) -> str:
+  """`(0, 2)` → "x0x2"; the constant monomial is "1"."""
+  return "".join(f"x{i}" for i in subset) or "1"
+
+
+@functools.lru_cache(maxsize=None)
 def mdi_values(task: BooleanTask) -> np.ndarray:
   """The MDI on cube(task.n_bits), float32 [2^n], cached per task and read-only."""
   coeffs = min_degree_interpolator(task)
