@@ -31,6 +31,9 @@ class MaskedSelfAttention(nn.Module):
     qkv_bias / out_bias: biases of the projections.
     init_style: "torch" (PyTorch nn.Linear defaults) or "flax" (lecun normal, zeros).
     implementation: passed to `mpx.masked_attention`.
+
+  Applied with `mutable=["intermediates"]`, it also records its attention probabilities
+  `[B, H, N, N]` as `intermediates/.../attention_weights` (see `mpx.diagnostics`).
   """
   num_heads: int
   head_dim: int | None = None
@@ -80,6 +83,9 @@ class MaskedSelfAttention(nn.Module):
       if not self.learnable_mask:
         mask = jax.lax.stop_gradient(mask)
 
+    if self.is_mutable_collection("intermediates"):  # Only when asked: diagnostics.
+      self.sow("intermediates", "attention_weights", attention_lib.attention_weights(
+          q_BNHR, k_BNHR, mask, causal=self.causal, padding_mask=padding_mask_BN))
     out_BNHR = attention_lib.masked_attention(
         q_BNHR, k_BNHR, v_BNHR, mask, causal=self.causal, padding_mask=padding_mask_BN,
         implementation=self.implementation)

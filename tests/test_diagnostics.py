@@ -1,0 +1,77 @@
+"""Persistence diagnostics: drift, fidelity, gradient norms, steps-to-half."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mpx import diagnostics, priors
+from mpx.attention import attention_weights
+from mpx.nn import TokenTransformer, boolean_tokens
+
+MODEL_KW = dict(width=16, depth=2, num_heads=2, head_dim=8, mlp_dim=16)
+N_BITS = 6
+
+
+def _model(strength=None, learnable=True):
+  init = (priors.neutral_init if strength is None else
+          priors.as_initializer(priors.repeat_heads(priors.parity_prior(N_BITS, (0, 1),
+                                                                        strength), 2)))
+  return TokenTransformer(mask_init=init, learnable_mask=learnable, **MODEL_KW)
+
+
+def _tokens():
+  return boolean_tokens(jax.random.rademacher(jax.random.key(0), (32, N_BITS)))
+
+
+def test_drift_is_zero_at_init_and_for_frozen_masks():
+  model = _model(4.0, learnable=False)
+  params = model.init(jax.random.key(1), _tokens())["params"]
+  drift = diagnostics.relative_drift(params, params)
+  assert set(drift) == {"block_0", "block_1"}
+  assert all(v == 0.0 for layer in drift.values() for v in layer.values())
+  loss = lambda p: jnp.mean(model.apply({"params": p}, _tokens()) ** 2)
+  trained = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, jax.grad(loss)(params))
+  drift = diagnostics.relative_drift(trained, params)
+  assert drift["block_0"]["mask"] == 0.0          # Frozen: stop_gradient, zero gradient.
+  assert drift["block_0"]["query"] > 0.0
+
+
+def test_fidelity_of_hard_and_neutral_priors():
+  hard = _model(20.0)
+  params = hard.init(jax.random.key(2), _tokens())["params"]
+  allowed = priors.parity_prior(N_BITS, (0, 1)) > 0
+  maps = diagnostics.attention_maps(hard.apply, params, _tokens())
+  chex.assert_shape(maps["block_0"], (32, 2, N_BITS + 1, N_BITS + 1))
+  assert all(diagnostics.prior_fidelity(w, allowed) > 0.99 for w in maps.values())
+  uniform_q = jnp.zeros((1, N_BITS + 1, 1, 4))   # Equal logits: uniform attention.
+  uniform = attention_weights(uniform_q, uniform_q)
+  share = float(np.mean(np.asarray(allowed).sum(-1) / (N_BITS + 1)))
+  assert diagnostics.prior_fidelity(uniform, allowed) == pytest.approx(share, rel=1e-6)
+  assert diagnostics.prior_fidelity(uniform, np.ones_like(allowed)) == pytest.approx(1.0)
+
+
+def test_gradient_norms_match_jax_grad():
+  model = _model(3.0)
+  params = model.init(jax.random.key(3), _tokens())["params"]
+  loss = lambda p, batch: jnp.mean((model.apply({"params": p}, batch["t"])[:, 0] - 1) ** 2)
+  batch = {"t": _tokens()}
+  grads = jax.grad(loss)(params, batch)
+  norms = diagnostics.gradient_norms(grads)
+  g = grads["block_1"]["attention"]
+  assert norms["block_1"]["mask"] == pytest.approx(float(jnp.sqrt(jnp.sum(
+      g["mask_logits"] ** 2))), rel=1e-6)
+  assert norms["block_1"]["key"] == pytest.approx(float(jnp.sqrt(jnp.sum(
+      g["key"]["kernel"] ** 2))), rel=1e-6)
+  metrics = diagnostics.persistence_metrics(model.apply, loss, params, params, (_tokens(),),
+                                            batch, priors.parity_prior(N_BITS) > 0)
+  assert metrics["block_0"]["drift_mask"] == 0.0
+  assert metrics["block_1"]["grad_norm_mask"] == pytest.approx(norms["block_1"]["mask"])
+  assert 0.0 < metrics["block_0"]["fidelity"] <= 1.0
+
+
+def test_steps_to_half():
+  assert diagnostics.steps_to_half([0, 10, 20, 30], [0.9, 0.7, 0.44, 0.2]) == 20
+  assert diagnostics.steps_to_half([0, 10], [0.9, 0.5]) is None
+  assert diagnostics.steps_to_half([], []) is None
