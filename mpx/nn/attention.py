@@ -51,16 +51,9 @@ class MaskedSelfAttention(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
 
   def _dense(self, features, axis, use_bias, fan_in, name):
-    if self.init_style == "torch":
-      kernel_init = initializers.torch_linear_kernel
-      bias_init = initializers.torch_linear_bias(fan_in)
-    elif self.init_style == "flax":
-      kernel_init, bias_init = nn.initializers.lecun_normal(), nn.initializers.zeros
-    else:
-      raise ValueError(f"init_style={self.init_style!r}; choose 'torch' or 'flax'.")
-    return nn.DenseGeneral(features, axis=axis, use_bias=use_bias, kernel_init=kernel_init,
-                           bias_init=bias_init, dtype=self.dtype,
-                           param_dtype=self.param_dtype, name=name)
+    return nn.DenseGeneral(features, axis=axis, use_bias=use_bias, dtype=self.dtype,
+                           param_dtype=self.param_dtype, name=name,
+                           **initializers.dense_inits(self.init_style, fan_in))
 
   @nn.compact
   def __call__(self, x_BND: jax.Array, padding_mask_BN: jax.Array | None = None) -> jax.Array:

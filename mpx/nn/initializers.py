@@ -23,3 +23,12 @@ def torch_linear_bias(fan_in: int):
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
   return init
+
+
+def dense_inits(init_style: str, fan_in: int) -> dict:
+  """Kernel and bias initializers for a Dense layer: "torch" (nn.Linear) or "flax"."""
+  if init_style == "torch":
+    return dict(kernel_init=torch_linear_kernel, bias_init=torch_linear_bias(fan_in))
+  if init_style == "flax":
+    return dict(kernel_init=nn.initializers.lecun_normal(), bias_init=nn.initializers.zeros)
+  raise ValueError(f"init_style={init_style!r}; choose 'torch' or 'flax'.")

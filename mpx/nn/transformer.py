@@ -34,19 +34,10 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x):
     width = x.shape[-1]
-    kw = lambda fan_in: _dense_inits(self.init_style, fan_in)
+    kw = lambda fan_in: initializers.dense_inits(self.init_style, fan_in)
     x = nn.Dense(self.hidden, name="fc1", **kw(width))(x)
     x = nn.gelu(x, approximate=False)  # PyTorch nn.GELU() is the exact erf form.
     return nn.Dense(width, name="fc2", **kw(self.hidden))(x)
-
-
-def _dense_inits(init_style: str, fan_in: int) -> dict:
-  if init_style == "torch":
-    return dict(kernel_init=initializers.torch_linear_kernel,
-                bias_init=initializers.torch_linear_bias(fan_in))
-  if init_style == "flax":
-    return {}
-  raise ValueError(f"init_style={init_style!r}; choose 'torch' or 'flax'.")
 
 
 def _layer_norm(name: str) -> nn.LayerNorm:
@@ -147,4 +138,4 @@ class TokenTransformer(nn.Module):
     if self.readout == "cls":
       x_BND = x_BND[:, 0]
     return nn.Dense(self.out_features, name="head",
-                    **_dense_inits(self.init_style, self.width))(x_BND)
+                    **initializers.dense_inits(self.init_style, self.width))(x_BND)
