@@ -54,11 +54,25 @@ def _run_command(args) -> int:
   from mpx.sweep import run as run_lib
   experiment = config_lib.load_experiment(args.experiment)
   try:
-    run_lib.run_experiment(experiment, preset=args.preset, overrides=args.set or (),
-                           out_dir=args.out, resume=args.resume)
+    run_dir = run_lib.run_experiment(experiment, preset=args.preset,
+                                     overrides=args.set or (), out_dir=args.out,
+                                     resume=args.resume)["run_dir"]
   except run_lib.Preempted as e:
     print(f"mpx run: {e} Continue with the same command and --resume.", file=sys.stderr)
     return run_lib.PREEMPTED_EXIT_CODE
+  try:
+    from mpx import plotting
+    print(f"plots: {len(plotting.plot_run(run_dir))} PNG files in {run_dir}/plots",
+          file=sys.stderr)
+  except ImportError as e:
+    print(f"no plots: {e}", file=sys.stderr)
+  return 0
+
+
+def _plot_command(args) -> int:
+  from mpx import plotting
+  written = plotting.plot_run(args.run_dir)
+  print(f"wrote {len(written)} plots into {args.run_dir}/plots")
   return 0
 
 
@@ -77,6 +91,10 @@ def make_parser() -> argparse.ArgumentParser:
   run.add_argument("--resume", action="store_true",
                    help="continue from the run directory's latest checkpoints")
   run.set_defaults(func=_run_command)
+
+  plot = sub.add_parser("plot", help="draw a run's curves into RUN_DIR/plots")
+  plot.add_argument("run_dir")
+  plot.set_defaults(func=_plot_command)
 
   prior = sub.add_parser("prior", help="draw a mask prior as a heatmap")
   prior.add_argument("name", choices=PRIOR_NAMES)

@@ -165,3 +165,13 @@ def test_unknown_experiment_and_preset():
     config_lib.load_experiment("boolean_gotoo")
   with pytest.raises(ValueError, match="unknown preset"):
     config_lib.make_config(config_lib.load_experiment(TOY), "paper")
+
+
+def test_plot_command_writes_decodable_pngs(uninterrupted):
+  import matplotlib.image
+  assert cli.main(["plot", str(uninterrupted)]) == 0
+  pngs = sorted((uninterrupted / "plots").glob("*.png"))
+  assert {p.name for p in pngs} >= {"toy_mean_output.png", "toy_train_loss.png"}
+  for png in pngs:
+    image = matplotlib.image.imread(png)
+    assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0

@@ -132,7 +132,8 @@ def _completed_steps(run_dir: pathlib.Path) -> dict[str, int]:
 def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                    overrides=(), out_dir: str | None = None, resume: bool = False,
                    devices=None) -> dict:
-  """Builds, trains and reports one experiment; returns the summary dict."""
+  """Builds, trains and reports one experiment; returns the summary dict (plus its
+  `run_dir`)."""
   preset, cfg = config_lib.make_config(experiment, preset, overrides)
   run_dir = pathlib.Path(out_dir or f"runs/{experiment.NAME}-{preset}")
   saved_config = {"experiment": experiment.NAME, "preset": preset,
@@ -160,4 +161,4 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                                  members=members, paper=experiment.PAPER,
                                  metric_names=list(experiment.METRICS))
   print((run_dir / "summary.md").read_text())
-  return summary
+  return dict(summary, run_dir=str(run_dir))
