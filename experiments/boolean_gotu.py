@@ -2,11 +2,16 @@
 
     mpx run boolean_gotu --preset quick      # 3 tasks × 4 schemes × 2 seeds, a few minutes on 2 CPU cores
     mpx run boolean_gotu --preset paper      # the GOTU model and protocol, 10 seeds (GPU)
+    mpx run boolean_gotu --preset search --set epochs=4   # 14 mask designs on 2Parity, ~8 min CPU
 
 Expect (quick): every scheme at the min-degree interpolator on 2Parity (75.00% whole-cube,
 0% unseen) — including the mask, which does not reproduce the paper at this scale (see
 the README's reproduction table). The paper reports default/QK ≈ 75 / 87 and mask
 100 / 100 / 99.98 on 2Parity / Majority / Cyclic3.
+
+`designs` expands the mask scheme into one scheme `mask:<design>` per entry of
+`MASK_DESIGNS` (which pairs, layers and heads the prior suppresses); see
+experiments/results/boolean_search.md for what the search measured.
 
 Members of one task form one compiled group: every scheme and seed trains in one vmapped
 program. The model is the GOTU code's TokenTransformer with PyTorch-default init; Adam
@@ -16,6 +21,7 @@ with coupled L2, batch 256, the epoch protocol (a fresh permutation per epoch).
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +50,13 @@ PAPER = {
 
 @dataclasses.dataclass(frozen=True)
 class Config(SweepConfig):
-  """learning_rate / epochs: None = the GOTU protocol's per-task values."""
+  """learning_rate / epochs: None = the GOTU protocol's per-task values.
+
+  designs: the mask designs (`MASK_DESIGNS`) the "mask" scheme expands into.
+  init_style: "torch" (the GOTU code's init, N(0, 1) embeddings) or "flax" (lecun normal,
+    N(0, 0.02) embeddings), a search axis: FINDINGS saw the embedding init move the
+    unseen output more than the mask did.
+  """
   tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)
   schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")
   seeds: int = 10
@@ -61,6 +73,8 @@ class Config(SweepConfig):
   mask_lr_multiplier: float = 1.0
   per_head_mask: bool = True
   mask_layers: tuple[int, ...] | None = None
+  designs: tuple[str, ...] = ("clique",)
+  init_style: str = "torch"
   qk_opt_steps: int = 10_000
   eval_points_per_call: int = 8192
 
@@ -72,17 +86,11 @@ class Config(SweepConfig):
     bad = [s for s in self.schemes if s not in schemes.SCHEMES]
     if bad:
       raise ValueError(f"unknown schemes {bad}; choose from {schemes.SCHEMES}.")
+    unknown = [d for d in self.designs if d not in MASK_DESIGNS]
+    if unknown or not self.designs:
+      raise ValueError(f"unknown mask designs {unknown or '()'}; choose from "
+                       f"{tuple(MASK_DESIGNS)}.")
 
-
-PRESETS = {
-    "quick": dict(seeds=2, width=32, depth=2, num_heads=2, head_dim=16, mlp_dim=32,
-                  learning_rate=1e-3, epochs=2, chunk_steps=16, qk_opt_steps=2000),
-    "paper": dict(seeds=10, chunk_steps=32, eval_every=320, checkpoint_every=320),
-    "tiny": dict(tasks=("2parity",), schemes=("default", "mask"), seeds=1, width=16,
-                 depth=1, num_heads=2, head_dim=8, mlp_dim=16, learning_rate=1e-3,
-                 epochs=1, chunk_steps=8, eval_every=48, checkpoint_every=16,
-                 qk_opt_steps=100),
-}
 
 
 def task_prior(task: str, strength: float) -> jax.Array:
@@ -94,11 +102,194 @@ def task_prior(task: str, strength: float) -> jax.Array:
   return priors.cyclic_prior(15, 3, strength)
 
 
+# --------------------------------------------------------------------------- designs
+# A design maps (task, strength, depth, num_heads) to one prior per layer. Layers without
+# a prior get the neutral one, so designs differ only in values and share one program.
+
+N_BITS = 15
+N_TOKENS = N_BITS + 1
+SUPPORT = {"2parity": (0, 1), "majority3": (0, 1, 2), "cyclic3": tuple(range(N_BITS))}
+
+
+def _adjacency(task: str, **options) -> np.ndarray:
+  """The task's interaction graph with `priors.boolean_adjacency` options."""
+  if task == "cyclic3":
+    edges = [(i, j) for i in range(N_BITS) for j in range(N_BITS)
+             if i != j and min((i - j) % N_BITS, (j - i) % N_BITS) < 3]
+    options = {"cls_row": "all", "cls_column": "all", **options}
+    return priors.boolean_adjacency(N_BITS, SUPPORT[task], support_edges=edges, **options)
+  return priors.boolean_adjacency(N_BITS, SUPPORT[task], **options)
+
+
+def _tokens(task: str) -> list[int]:
+  return [b + 1 for b in SUPPORT[task]]
+
+
+def _every_layer(prior, depth: int) -> list[jax.Array]:
+  return [prior] * depth
+
+
+def _only_layer(prior, depth: int, layer: int) -> list[jax.Array]:
+  return [prior if i == layer % depth else priors.neutral(N_TOKENS) for i in range(depth)]
+
+
+def _clique(task, strength, depth, num_heads):
+  """The task's prior (`task_prior`) in every layer: the quick preset's mask."""
+  return _every_layer(task_prior(task, strength), depth)
+
+
+def _clique_noself(task, strength, depth, num_heads):
+  """Support bits read each other but not themselves (no one-hop identity path)."""
+  return _every_layer(priors.from_adjacency(_adjacency(task, self_attention=False),
+                                            strength), depth)
+
+
+def _partner_only(task, strength, depth, num_heads):
+  """Support bits read only their partners (not self, not CLS); CLS reads CLS + support."""
+  allowed = _adjacency(task, self_attention=False, cls_column="none")
+  return _every_layer(priors.from_adjacency(allowed, strength), depth)
+
+
+def _two_hop(task, strength, depth, num_heads):
+  """CLS may not read the support bits; the other bits read the pair and CLS reads them,
+  so the output sees the pair only through a second hop."""
+  allowed = _adjacency(task, others="support", cls_row="all")
+  allowed[0, _tokens(task)] = False
+  return _every_layer(priors.from_adjacency(allowed, strength), depth)
+
+
+def _first_layer_only(task, strength, depth, num_heads):
+  """The clique in layer 0 only: the prior shapes the first interaction, then frees."""
+  return _only_layer(task_prior(task, strength), depth, 0)
+
+
+def _last_layer_only(task, strength, depth, num_heads):
+  """The clique in the last layer only: the readout hop is constrained, features free."""
+  return _only_layer(task_prior(task, strength), depth, -1)
+
+
+def _asymmetric(allowed_strength: float, suppressed_strength: float):
+  def design(task, strength, depth, num_heads):
+    del strength  # The design fixes both strengths.
+    allowed = _adjacency(task) if task != "majority3" else _adjacency(
+        task, self_attention=False, cls_row="self")
+    return _every_layer(priors.from_adjacency(allowed, allowed_strength,
+                                              suppressed_strength), depth)
+  design.__doc__ = (f"The clique at +{allowed_strength:g} / −{suppressed_strength:g}: "
+                    "how much the suppression strength (vs. the pass strength) matters.")
+  return design
+
+
+def _half_heads(task, strength, depth, num_heads):
+  """The clique in the first half of the heads, the others free: a per-head prior keeps
+  a structured path beside unconstrained ones."""
+  prior = task_prior(task, strength)
+  free = priors.neutral(N_TOKENS)
+  heads = [prior if h < max(1, num_heads // 2) else free for h in range(num_heads)]
+  return _every_layer(priors.stack_heads(heads), depth)
+
+
+def _one_head_partner(task, strength, depth, num_heads):
+  """Head 0 is partner-only, the other heads free: a single dedicated interaction head."""
+  partner = _partner_only(task, strength, 1, num_heads)[0]
+  free = priors.neutral(N_TOKENS)
+  return _every_layer(priors.stack_heads([partner] + [free] * (num_heads - 1)), depth)
+
+
+def _cls_blind(task, strength, depth, num_heads):
+  """CLS reads only itself before the last layer and everything in it: it cannot
+  accumulate a linear readout of the raw bits early."""
+  early = priors.from_adjacency(_adjacency(task, cls_row="self"), strength)
+  last = priors.from_adjacency(_adjacency(task, cls_row="all"), strength)
+  return [early] * (depth - 1) + [last]
+
+
+def _others_all(task, strength, depth, num_heads):
+  """The clique, but irrelevant bits read every token (contrast to `clique`, where they
+  read only themselves)."""
+  return _every_layer(priors.from_adjacency(_adjacency(task, others="all"), strength),
+                      depth)
+
+
+def _cls_only(task, strength, depth, num_heads):
+  """Only the CLS row is constrained (CLS reads CLS + support); every other row free."""
+  allowed = np.ones((N_TOKENS, N_TOKENS), bool)
+  allowed[0] = _adjacency(task)[0]
+  return _every_layer(priors.from_adjacency(allowed, strength), depth)
+
+
+def _no_linear(task, strength, depth, num_heads):
+  """Blocks the easy linear readout (the MDI x0 + x1 − 1 is linear): support bits read
+  only their partners, CLS reads only itself in layer 0 and then only the support bits
+  (no self), so everything CLS sees has passed through a partner interaction."""
+  bits = priors.from_adjacency(_adjacency(task, self_attention=False, cls_column="none",
+                                          cls_row="self"), strength)
+  read = _adjacency(task, self_attention=False, cls_column="none")
+  read[0, 0] = False
+  return [bits] + [priors.from_adjacency(read, strength)] * (depth - 1)
+
+
+MASK_DESIGNS: dict[str, Callable] = {
+    "clique": _clique,
+    "clique_noself": _clique_noself,
+    "partner_only": _partner_only,
+    "two_hop": _two_hop,
+    "first_layer_only": _first_layer_only,
+    "last_layer_only": _last_layer_only,
+    "asym_8_2": _asymmetric(8.0, 2.0),
+    "asym_2_8": _asymmetric(2.0, 8.0),
+    "half_heads": _half_heads,
+    "one_head_partner": _one_head_partner,
+    "cls_blind": _cls_blind,
+    "others_all": _others_all,
+    "cls_only": _cls_only,
+    "no_linear": _no_linear,
+}
+SEARCH_DESIGNS = tuple(MASK_DESIGNS)
+
+PRESETS = {
+    "quick": dict(seeds=2, width=32, depth=2, num_heads=2, head_dim=16, mlp_dim=32,
+                  learning_rate=1e-3, epochs=2, chunk_steps=16, qk_opt_steps=2000),
+    "paper": dict(seeds=10, chunk_steps=32, eval_every=320, checkpoint_every=320),
+    "tiny": dict(tasks=("2parity",), schemes=("default", "mask"), seeds=1, width=16,
+                 depth=1, num_heads=2, head_dim=8, mlp_dim=16, learning_rate=1e-3,
+                 epochs=1, chunk_steps=8, eval_every=48, checkpoint_every=16,
+                 qk_opt_steps=100),
+    # The mask-design search (experiments/results/boolean_search.md): every design and
+    # the vanilla baseline in one vmapped group, small enough for a 2-core CPU.
+    "search": dict(tasks=("2parity",), schemes=("default", "mask"), seeds=1, width=64,
+                   depth=2, num_heads=4, head_dim=16, mlp_dim=64, learning_rate=1e-3,
+                   epochs=10, chunk_steps=32, designs=SEARCH_DESIGNS),
+}
+
+
+def mask_design(name: str, task: str, strength: float, depth: int,
+                num_heads: int) -> list[jax.Array]:
+  """The per-layer priors of design `name`; unknown names list the valid ones."""
+  if name not in MASK_DESIGNS:
+    raise ValueError(f"unknown mask design {name!r}; choose from {tuple(MASK_DESIGNS)}.")
+  return MASK_DESIGNS[name](task, strength, depth, num_heads)
+
+
+def scheme_labels(config: Config) -> list[tuple[str, str | None]]:
+  """(label, design) per scheme: "mask" expands to `mask:<design>` per design; with the
+  default single design the label stays "mask" (the paper's table keys)."""
+  labels = []
+  for scheme in config.schemes:
+    if scheme != "mask":
+      labels.append((scheme, None))
+    elif config.designs == ("clique",):
+      labels.append(("mask", "clique"))
+    else:
+      labels.extend((f"mask:{d}", d) for d in config.designs)
+  return labels
+
+
 def make_model(config: Config) -> TokenTransformer:
   return TokenTransformer(width=config.width, depth=config.depth,
                           num_heads=config.num_heads, head_dim=config.head_dim,
                           mlp_dim=config.mlp_dim, mask_layers=config.mask_layers,
-                          per_head_mask=config.per_head_mask)
+                          per_head_mask=config.per_head_mask, init_style=config.init_style)
 
 
 def _member_hparams(config: Config, task: str, scheme: str) -> dict[str, float]:
@@ -141,15 +332,25 @@ def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int):
 def build_group(config: Config, task_name: str) -> engine.Group:
   task = boolean.get_task(task_name)
   model = make_model(config)
-  members = [engine.Member(task_name, s, seed, _member_hparams(config, task_name, s))
-             for s in config.schemes for seed in range(config.seeds)]
+  labels = scheme_labels(config)
+  designs = dict(labels)
+  members = [engine.Member(task_name, label, seed,
+                           _member_hparams(config, task_name, label.partition(":")[0]))
+             for label, _ in labels for seed in range(config.seeds)]
   tokens = boolean_tokens(jnp.ones((1, task.n_bits)))
+  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
 
   def init_params(member: engine.Member):
     key = jax.random.key(member.seed)
     params = model.init(key, tokens)["params"]
-    prior = task_prior(task_name, member.hparams["mask_strength"])
-    return schemes.apply_scheme(member.scheme, params, prior, jax.random.fold_in(key, 2),
+    strength = member.hparams["mask_strength"]
+    scheme = member.scheme.partition(":")[0]
+    if scheme == "mask":
+      layers = mask_design(designs[member.scheme], task_name, strength, config.depth,
+                           config.num_heads)
+      return schemes.set_masks_per_layer(params, {f"block_{i}": layers[i] for i in masked})
+    prior = task_prior(task_name, strength)
+    return schemes.apply_scheme(scheme, params, prior, jax.random.fold_in(key, 2),
                                 num_heads=config.num_heads, head_dim=config.head_dim,
                                 qk_opt_steps=config.qk_opt_steps)
 

@@ -3,7 +3,8 @@
 Every scheme keeps the same tree (a `mask_logits` leaf in each masked layer), so
 members with different schemes stack and train in one compiled program:
   default: the model's own init, neutral mask (exactly standard attention).
-  mask:    the prior written into every `mask_logits` leaf.
+  mask:    the prior written into every `mask_logits` leaf (`set_masks_per_layer` writes
+           one prior per layer).
   qk_svd / qk_opt: the prior's allowed pattern realised in W_Q, W_K of every layer on
            the pseudo-input LayerNorm(position embedding); neutral mask.
 Schemes without a mask prior should train with `mask_lr_multiplier = 0` so the neutral
@@ -21,20 +22,54 @@ from mpx.sweep.optim import MASK_LEAF
 SCHEMES = ("default", "mask", "qk_svd", "qk_opt")
 
 
+def _fit_prior(mask_logits, leaf, path):
+  """`mask_logits` in the leaf's shape and dtype (a shared prior broadcast over heads)."""
+  if mask_logits.ndim == 2 and leaf.ndim == 3:
+    return jnp.broadcast_to(mask_logits, leaf.shape).astype(leaf.dtype)
+  if mask_logits.shape != leaf.shape:
+    raise ValueError(f"the prior has shape {mask_logits.shape} but "
+                     f"{jax.tree_util.keystr(path)} is {leaf.shape}; rebuild the prior "
+                     "for this model (N counts CLS; per-head priors need H heads).")
+  return mask_logits.astype(leaf.dtype)
+
+
+def _is_mask(path) -> bool:
+  return getattr(path[-1], "key", None) == MASK_LEAF
+
+
+def _layer_name(path) -> str | None:
+  """The block a mask leaf belongs to (`block_i` of `block_i/attention/mask_logits`)."""
+  keys = [getattr(k, "key", None) for k in path]
+  return keys[-3] if len(keys) >= 3 else None
+
+
 def set_masks(params, mask_logits):
   """Writes `mask_logits` (`[N, N]` or `[H, N, N]`) into every mask leaf, broadcasting a
   shared prior over heads when the leaf is per head."""
   def write(path, leaf):
-    if getattr(path[-1], "key", None) != MASK_LEAF:
-      return leaf
-    if mask_logits.ndim == 2 and leaf.ndim == 3:
-      return jnp.broadcast_to(mask_logits, leaf.shape).astype(leaf.dtype)
-    if mask_logits.shape != leaf.shape:
-      raise ValueError(f"the prior has shape {mask_logits.shape} but "
-                       f"{jax.tree_util.keystr(path)} is {leaf.shape}; rebuild the prior "
-                       "for this model (N counts CLS; per-head priors need H heads).")
-    return mask_logits.astype(leaf.dtype)
+    return _fit_prior(mask_logits, leaf, path) if _is_mask(path) else leaf
   return jax.tree_util.tree_map_with_path(write, params)
+
+
+def set_masks_per_layer(params, priors_by_layer):
+  """Writes `priors_by_layer[name]` into `name/attention/mask_logits`; layers not named
+  keep their leaf. Per-layer priors make *where* the mask sits a value, so designs that
+  differ in it still share one param tree (one compiled program)."""
+  found = set()
+
+  def write(path, leaf):
+    name = _layer_name(path) if _is_mask(path) else None
+    if name not in priors_by_layer:
+      return leaf
+    found.add(name)
+    return _fit_prior(jnp.asarray(priors_by_layer[name]), leaf, path)
+
+  params = jax.tree_util.tree_map_with_path(write, params)
+  missing = sorted(set(priors_by_layer) - found)
+  if missing:
+    raise ValueError(f"layers {missing} have no mask_logits leaf (check the model's "
+                     "mask_layers).")
+  return params
 
 
 def pattern_from_prior(prior, num_heads: int) -> jax.Array:

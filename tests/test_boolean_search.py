@@ -1,0 +1,88 @@
+"""The Boolean mask-design search: design registry, per-layer writer, config checks."""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mpx import attention, priors, schemes
+from mpx.nn import TokenTransformer, boolean_tokens
+from mpx.sweep import config as config_lib
+
+EXPERIMENT = config_lib.load_experiment(
+    str(pathlib.Path(__file__).parents[1] / "experiments" / "boolean_gotu.py"))
+DEPTH, HEADS, N = 3, 4, 16
+
+
+def _bias(prior):
+  return np.asarray(attention.mask_bias(jnp.asarray(prior)))
+
+
+@pytest.mark.parametrize("task", ["2parity", "majority3", "cyclic3"])
+@pytest.mark.parametrize("name", sorted(EXPERIMENT.MASK_DESIGNS))
+def test_every_design_gives_one_prior_per_layer(name, task):
+  layers = EXPERIMENT.mask_design(name, task, 4.0, DEPTH, HEADS)
+  assert len(layers) == DEPTH
+  for prior in layers:
+    assert tuple(prior.shape) in ((N, N), (HEADS, N, N))
+    assert np.all(np.isfinite(np.asarray(prior)))
+
+
+@pytest.mark.parametrize("name, prior_layer", [("first_layer_only", 0),
+                                               ("last_layer_only", DEPTH - 1)])
+def test_layer_only_designs_are_neutral_elsewhere(name, prior_layer):
+  layers = EXPERIMENT.mask_design(name, "2parity", 4.0, DEPTH, HEADS)
+  for i, prior in enumerate(layers):
+    if i == prior_layer:
+      assert _bias(prior).min() < -1.0
+    else:
+      assert np.all(_bias(prior) == 0.0)
+
+
+def test_clique_design_is_the_task_prior():
+  layers = EXPERIMENT.mask_design("clique", "2parity", 4.0, 2, HEADS)
+  for prior in layers:
+    np.testing.assert_array_equal(prior, EXPERIMENT.task_prior("2parity", 4.0))
+
+
+def test_per_layer_writer_puts_each_prior_in_its_block():
+  model = TokenTransformer(width=16, depth=2, num_heads=2, head_dim=8, mlp_dim=16)
+  params = model.init(jax.random.key(0), boolean_tokens(jnp.ones((1, 15))))["params"]
+  clique = priors.parity_prior(15, (0, 1), 4.0)
+  per_head = priors.stack_heads([clique, priors.neutral(N)])
+  out = schemes.set_masks_per_layer(params, {"block_0": clique, "block_1": per_head})
+  np.testing.assert_array_equal(out["block_0"]["attention"]["mask_logits"],
+                                np.broadcast_to(clique, (2, N, N)))
+  np.testing.assert_array_equal(out["block_1"]["attention"]["mask_logits"], per_head)
+  np.testing.assert_array_equal(out["pos_embed"], params["pos_embed"])
+  only_first = schemes.set_masks_per_layer(params, {"block_0": clique})
+  np.testing.assert_array_equal(only_first["block_1"]["attention"]["mask_logits"],
+                                params["block_1"]["attention"]["mask_logits"])
+  with pytest.raises(ValueError, match="block_7"):
+    schemes.set_masks_per_layer(params, {"block_7": clique})
+
+
+def test_unknown_design_lists_valid_names():
+  with pytest.raises(ValueError, match="clique"):
+    EXPERIMENT.mask_design("nope", "2parity", 4.0, 2, HEADS)
+  with pytest.raises(ValueError, match="partner_only"):
+    EXPERIMENT.Config(designs=("nope",))
+
+
+def test_designs_expand_mask_into_one_scheme_per_design():
+  cfg = EXPERIMENT.Config(schemes=("default", "mask"), designs=("clique", "two_hop"))
+  assert EXPERIMENT.scheme_labels(cfg) == [("default", None), ("mask:clique", "clique"),
+                                           ("mask:two_hop", "two_hop")]
+  assert [l for l, _ in EXPERIMENT.scheme_labels(EXPERIMENT.Config())] == [
+      "default", "qk_svd", "qk_opt", "mask"]
+
+
+def test_search_group_members_share_one_tree():
+  _, cfg = config_lib.make_config(EXPERIMENT, "search", ["width=16", "num_heads=2",
+                                                         "head_dim=8", "mlp_dim=16"])
+  group = EXPERIMENT.build_group(cfg, "2parity")
+  assert len(group.members) == 1 + len(EXPERIMENT.MASK_DESIGNS)
+  trees = [group.init_params(m) for m in group.members[:4]]
+  assert len({jax.tree_util.tree_structure(t) for t in trees}) == 1
