@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mpx import priors, schemes
+from mpx import diagnostics, priors, schemes
 from mpx.nn import TokenTransformer, boolean_tokens
 from mpx.sweep import engine, optim
 from mpx.sweep.config import SweepConfig
@@ -299,9 +299,31 @@ def _member_hparams(config: Config, task: str, scheme: str) -> dict[str, float]:
           "mask_lr_multiplier": config.mask_lr_multiplier if scheme == "mask" else 0.0}
 
 
-def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int):
-  """Host evaluation: each member's function on the whole cube, then its metrics."""
-  x_cube, _ = boolean.make_splits(task, 0)["test"]
+def _persistence(model, loss_fn, params, initial, probe, allowed) -> dict:
+  """Per-layer drift, fidelity and gradient norms, plus their means over layers (and the
+  fidelity at init) as flat metrics for the summary's persistence table."""
+  layers = diagnostics.persistence_metrics(model.apply, loss_fn, params, initial,
+                                           (boolean_tokens(probe["x"]),), probe, allowed)
+  at_init = diagnostics.attention_maps(model.apply, initial, boolean_tokens(probe["x"]))
+  mean = lambda key: float(np.mean([v[key] for v in layers.values() if key in v]))
+  out = {"layers": layers, "fidelity": mean("fidelity"),
+         "fidelity_init": float(np.mean([diagnostics.prior_fidelity(w, allowed)
+                                         for w in at_init.values()])),
+         "drift_qk": float(np.mean([mean("drift_query"), mean("drift_key")]))}
+  if any("drift_mask" in v for v in layers.values()):
+    out["drift_mask"] = mean("drift_mask")
+  return out
+
+
+def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_fn=None,
+                  initial_params=None, allowed=None, probe_size: int = 128):
+  """Host evaluation: each member's function on the whole cube, then its metrics; with
+  `initial_params` (member index → params at init) also the persistence diagnostics on a
+  fixed probe batch of cube points."""
+  x_cube, y_cube = boolean.make_splits(task, 0)["test"]
+  stride = len(x_cube) // probe_size
+  probe = {"x": jnp.asarray(x_cube[::stride][:probe_size]),
+           "y": jnp.asarray(y_cube[::stride][:probe_size])}
   mdi = boolean.mdi_values(task)
   unseen = ~task.seen(x_cube)
   tokens = boolean_tokens(x_cube)
@@ -316,8 +338,11 @@ def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int):
               for i in range(0, len(tokens), points_per_call)]
     preds = np.asarray(jnp.concatenate(chunks, axis=1), np.float64)
     results = []
-    for pred in preds[:len(members)]:
+    for i, pred in enumerate(preds[:len(members)]):
       m = boolean.function_metrics(pred, task, mdi)
+      if initial_params is not None:
+        m |= _persistence(model, loss_fn, engine.unstack(params_K, i), initial_params[i],
+                          probe, allowed)
       m["unseen_mean_output"] = float(pred[unseen].mean())
       coeffs = boolean.fourier_coefficients(pred, task.n_bits)
       m["degree_profile"] = boolean.degree_profile(coeffs, task.n_bits).round(6).tolist()
@@ -340,7 +365,14 @@ def build_group(config: Config, task_name: str) -> engine.Group:
   tokens = boolean_tokens(jnp.ones((1, task.n_bits)))
   masked = range(config.depth) if config.mask_layers is None else config.mask_layers
 
+  initial_params = {}  # member index → params at init, for the drift diagnostics.
+
   def init_params(member: engine.Member):
+    params = _init_params(member)
+    initial_params[members.index(member)] = params
+    return params
+
+  def _init_params(member: engine.Member):
     key = jax.random.key(member.seed)
     params = model.init(key, tokens)["params"]
     strength = member.hparams["mask_strength"]
@@ -365,7 +397,9 @@ def build_group(config: Config, task_name: str) -> engine.Group:
   steps = epochs * (train_data["x"].shape[1] // config.batch_size)
   return engine.Group(
       name=task_name, members=members, init_params=init_params, loss_fn=loss_fn,
-      train_data=train_data, evaluate=make_evaluate(model, task, config.eval_points_per_call),
+      train_data=train_data,
+      evaluate=make_evaluate(model, task, config.eval_points_per_call, loss_fn, initial_params,
+                             task_prior(task_name, config.mask_strength) > 0),
       steps=steps, batch_size=config.batch_size, sampling="epoch",
       optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))
 

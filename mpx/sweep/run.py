@@ -19,7 +19,7 @@ import types
 import jax
 import numpy as np
 
-from mpx import checkpoint, report
+from mpx import checkpoint, diagnostics, report
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, optim
 
@@ -129,6 +129,32 @@ def _completed_steps(run_dir: pathlib.Path) -> dict[str, int]:
   return steps
 
 
+PERSISTENCE_METRICS = ("fidelity_init", "fidelity", "drift_mask", "drift_qk")
+
+
+def persistence_table(run_dir: pathlib.Path, members: list[dict]) -> str | None:
+  """Per scheme: prior fidelity at init and at the end, drift at the end, and the steps
+  until fidelity fell below half its initial value, from the run's metric history."""
+  if not any("fidelity" in m["metrics"] for m in members):
+    return None
+  rows = report.summarize(members, PERSISTENCE_METRICS)
+  table = report.format_table(rows, PERSISTENCE_METRICS, paper={})
+  history: dict = {}
+  for r in report.read_metrics(run_dir):
+    if r.get("fidelity") is not None:
+      key = (r["task"], r["scheme"], r["seed"])
+      history.setdefault(key, ([0], [r["fidelity_init"]]))
+      history[key][0].append(r["step"])
+      history[key][1].append(r["fidelity"])
+  halves: dict = {}
+  for (task, scheme, _), (steps, fidelity) in sorted(history.items()):
+    step = diagnostics.steps_to_half(steps, fidelity)
+    halves.setdefault((task, scheme), []).append("never" if step is None else str(step))
+  lines = [f"- {task} / {scheme}: {', '.join(v)}" for (task, scheme), v in halves.items()]
+  return (table + "\n\nSteps until the attention mass on the prior's pairs fell below half "
+          "its initial value, per seed:\n\n" + "\n".join(lines))
+
+
 def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                    overrides=(), out_dir: str | None = None, resume: bool = False,
                    devices=None) -> dict:
@@ -157,8 +183,13 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                            resume=resume, sigterm=sigterm, mesh=mesh)
   members = [{k: r[k] for k in ("task", "scheme", "seed", "hparams", "diverged")} |
              {"metrics": {m: r[m] for m in experiment.METRICS if m in r}} for r in final]
-  summary = report.write_summary(run_dir, experiment=experiment.NAME, preset=preset,
-                                 members=members, paper=experiment.PAPER,
-                                 metric_names=list(experiment.METRICS))
+  members_all = [{k: r[k] for k in ("task", "scheme", "seed", "hparams", "diverged")} |
+                 {"metrics": {m: r[m] for m in PERSISTENCE_METRICS if m in r}}
+                 for r in final]
+  persistence = persistence_table(run_dir, members_all)
+  summary = report.write_summary(
+      run_dir, experiment=experiment.NAME, preset=preset, members=members,
+      paper=experiment.PAPER, metric_names=list(experiment.METRICS),
+      extra_tables={"Persistence of the prior": persistence} if persistence else None)
   print((run_dir / "summary.md").read_text())
   return dict(summary, run_dir=str(run_dir))
