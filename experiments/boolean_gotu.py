@@ -299,20 +299,23 @@ def _member_hparams(config: Config, task: str, scheme: str) -> dict[str, float]:
           "mask_lr_multiplier": config.mask_lr_multiplier if scheme == "mask" else 0.0}
 
 
-def _persistence(model, loss_fn, params, initial, probe, allowed) -> dict:
+def _persistence(model, loss_fn, params, initial, probe, allowed, fidelity_init) -> dict:
   """Per-layer drift, fidelity and gradient norms, plus their means over layers (and the
   fidelity at init) as flat metrics for the summary's persistence table."""
   layers = diagnostics.persistence_metrics(model.apply, loss_fn, params, initial,
                                            (boolean_tokens(probe["x"]),), probe, allowed)
-  at_init = diagnostics.attention_maps(model.apply, initial, boolean_tokens(probe["x"]))
   mean = lambda key: float(np.mean([v[key] for v in layers.values() if key in v]))
-  out = {"layers": layers, "fidelity": mean("fidelity"),
-         "fidelity_init": float(np.mean([diagnostics.prior_fidelity(w, allowed)
-                                         for w in at_init.values()])),
+  out = {"layers": layers, "fidelity": mean("fidelity"), "fidelity_init": fidelity_init,
          "drift_qk": float(np.mean([mean("drift_query"), mean("drift_key")]))}
   if any("drift_mask" in v for v in layers.values()):
     out["drift_mask"] = mean("drift_mask")
   return out
+
+
+def _fidelity(model, params, probe, allowed) -> float:
+  """Attention mass on the prior's pairs, mean over layers, on the probe batch."""
+  maps = diagnostics.attention_maps(model.apply, params, boolean_tokens(probe["x"]))
+  return float(np.mean([diagnostics.prior_fidelity(w, allowed) for w in maps.values()]))
 
 
 def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_fn=None,
@@ -328,6 +331,7 @@ def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_f
   unseen = ~task.seen(x_cube)
   tokens = boolean_tokens(x_cube)
   monomials = boolean.task_monomials(task)
+  fidelity_init = {}  # member index → fidelity of its initial params.
 
   @jax.jit
   def predict(params_K, tokens_BN):
@@ -341,8 +345,10 @@ def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_f
     for i, pred in enumerate(preds[:len(members)]):
       m = boolean.function_metrics(pred, task, mdi)
       if initial_params is not None:
+        if i not in fidelity_init:  # Constant per member: measured once.
+          fidelity_init[i] = _fidelity(model, initial_params[i], probe, allowed)
         m |= _persistence(model, loss_fn, engine.unstack(params_K, i), initial_params[i],
-                          probe, allowed)
+                          probe, allowed, fidelity_init[i])
       m["unseen_mean_output"] = float(pred[unseen].mean())
       coeffs = boolean.fourier_coefficients(pred, task.n_bits)
       m["degree_profile"] = boolean.degree_profile(coeffs, task.n_bits).round(6).tolist()

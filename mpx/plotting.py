@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pathlib
 
 import numpy as np
 
@@ -86,7 +87,6 @@ def plot_run(run_dir) -> list[str]:
   """Curves of a run's metrics.jsonl into RUN_DIR/plots/: per task, one figure per metric,
   mean over seeds with a min–max band per scheme; per-layer persistence metrics for the
   first and last layer when the run recorded them. Returns the files written."""
-  import pathlib
   from mpx import report
   run_dir = pathlib.Path(run_dir)
   records = report.read_metrics(run_dir)

@@ -181,12 +181,10 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     for group in groups:
       final += train_group(group, cfg, run_dir, writer=writer, saved_config=saved_config,
                            resume=resume, sigterm=sigterm, mesh=mesh)
+  reported = tuple(experiment.METRICS) + PERSISTENCE_METRICS
   members = [{k: r[k] for k in ("task", "scheme", "seed", "hparams", "diverged")} |
-             {"metrics": {m: r[m] for m in experiment.METRICS if m in r}} for r in final]
-  members_all = [{k: r[k] for k in ("task", "scheme", "seed", "hparams", "diverged")} |
-                 {"metrics": {m: r[m] for m in PERSISTENCE_METRICS if m in r}}
-                 for r in final]
-  persistence = persistence_table(run_dir, members_all)
+             {"metrics": {m: r[m] for m in reported if m in r}} for r in final]
+  persistence = persistence_table(run_dir, members)
   summary = report.write_summary(
       run_dir, experiment=experiment.NAME, preset=preset, members=members,
       paper=experiment.PAPER, metric_names=list(experiment.METRICS),
