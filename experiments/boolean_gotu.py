@@ -2,6 +2,7 @@
 
     mpx run boolean_gotu --preset quick      # 3 tasks × 4 schemes × 2 seeds, a few minutes on 2 CPU cores
     mpx run boolean_gotu --preset paper      # the GOTU model and protocol, 10 seeds (GPU)
+    mpx run boolean_gotu --preset cpu        # 4 layers, width 64, 4 seeds, 8 epochs: ~2 h on one core
     mpx run boolean_gotu --preset search --set epochs=4   # 14 mask designs on 2Parity, ~8 min CPU
 
 Expect (quick): every scheme at the min-degree interpolator on 2Parity (75.00% whole-cube,
@@ -251,6 +252,10 @@ PRESETS = {
     "quick": dict(seeds=2, width=32, depth=2, num_heads=2, head_dim=16, mlp_dim=32,
                   learning_rate=1e-3, epochs=2, chunk_steps=16, qk_opt_steps=2000),
     "paper": dict(seeds=10, chunk_steps=32, eval_every=320, checkpoint_every=320),
+    # The largest scale a 2-core CPU finishes in about two hours (one core): 4 seeds.
+    "cpu": dict(seeds=4, width=64, depth=4, num_heads=4, head_dim=16, mlp_dim=64,
+                learning_rate=1e-3, epochs=8, chunk_steps=16, eval_every=128,
+                checkpoint_every=128, qk_opt_steps=2000),
     "tiny": dict(tasks=("2parity",), schemes=("default", "mask"), seeds=1, width=16,
                  depth=1, num_heads=2, head_dim=8, mlp_dim=16, learning_rate=1e-3,
                  epochs=1, chunk_steps=8, eval_every=48, checkpoint_every=16,
