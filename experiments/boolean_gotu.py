@@ -307,11 +307,14 @@ def _member_hparams(config: Config, task: str, scheme: str) -> dict[str, float]:
 def _persistence(model, loss_fn, params, initial, probe, allowed, fidelity_init) -> dict:
   """Per-layer drift, fidelity and gradient norms, plus their means over layers (and the
   fidelity at init) as flat metrics for the summary's persistence table."""
+  first_last = ("block_0", f"block_{model.depth - 1}")
   layers = diagnostics.persistence_metrics(model.apply, loss_fn, params, initial,
-                                           (boolean_tokens(probe["x"]),), probe, allowed)
+                                           (boolean_tokens(probe["x"]),), probe, allowed,
+                                           map_layers=first_last)
   mean = lambda key: float(np.mean([v[key] for v in layers.values() if key in v]))
   out = {"layers": layers, "fidelity": mean("fidelity"), "fidelity_init": fidelity_init,
-         "drift_qk": float(np.mean([mean("drift_query"), mean("drift_key")]))}
+         "drift_qk": float(np.mean([mean("drift_query"), mean("drift_key")])),
+         "prior_pattern": np.asarray(allowed, int).tolist()}
   if any("drift_mask" in v for v in layers.values()):
     out["drift_mask"] = mean("drift_mask")
   return out

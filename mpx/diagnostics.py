@@ -74,18 +74,28 @@ def steps_to_half(steps: Sequence[int], fidelity: Sequence[float]) -> int | None
   return None
 
 
+def mean_attention_map(weights_BHNN: jax.Array, decimals: int = 4) -> list[list[float]]:
+  """The attention probabilities averaged over the batch and heads, `[N, N]` as nested
+  lists small enough for a metrics line: what the heatmaps of `mpx plot` draw."""
+  return np.round(np.asarray(jnp.mean(weights_BHNN, axis=(0, 1)), np.float64),
+                  decimals).tolist()
+
+
 def persistence_metrics(apply_fn: Callable, loss_fn: Callable, params: PyTree,
                         initial: PyTree, probe_inputs: Sequence, probe_batch: Mapping,
-                        allowed: jax.Array) -> dict[str, dict[str, float]]:
-  """All diagnostics of one member, per layer: drift, fidelity and gradient norms."""
+                        allowed: jax.Array, map_layers: Sequence[str] = ()
+                        ) -> dict[str, dict[str, Any]]:
+  """All diagnostics of one member, per layer: drift, fidelity and gradient norms, and
+  for the layers in `map_layers` the mean attention map (`mean_attention_map`)."""
   drift = relative_drift(params, initial)
-  fidelity = {layer: prior_fidelity(w, allowed)
-              for layer, w in attention_maps(apply_fn, params, *probe_inputs).items()}
+  maps = attention_maps(apply_fn, params, *probe_inputs)
   grads = gradient_norms(jax.grad(loss_fn)(params, probe_batch))
   out = {}
   for layer in drift:
     out[layer] = {f"drift_{k}": v for k, v in drift[layer].items()}
     out[layer] |= {f"grad_norm_{k}": v for k, v in grads.get(layer, {}).items()}
-    if layer in fidelity:
-      out[layer]["fidelity"] = fidelity[layer]
+    if layer in maps:
+      out[layer]["fidelity"] = prior_fidelity(maps[layer], allowed)
+      if layer in map_layers:
+        out[layer]["attention_map"] = mean_attention_map(maps[layer])
   return out

@@ -83,10 +83,71 @@ def _plot_curves(curves, task, ylabel, title, path):
   plt.close(fig)
 
 
+def _map_history(records, task, scheme, layer):
+  """The lowest seed's records of (task, scheme) holding an attention map of `layer`, in
+  step order."""
+  mine = [r for r in records if r["task"] == task and r["scheme"] == scheme
+          and "attention_map" in (r.get("layers") or {}).get(layer, {})]
+  seed = min(r["seed"] for r in mine)
+  return sorted((r for r in mine if r["seed"] == seed), key=lambda r: r["step"])
+
+
+def _plot_attention(records, task, layer, path):
+  """Rows: one member per scheme. Columns: the prior's pattern as the attention it asks
+  for (uniform over each query's allowed keys), then the member's attention at init,
+  mid-training and end (its first, middle and last evaluation), averaged over the probe
+  batch and heads."""
+  plt = _pyplot()
+  schemes = sorted({r["scheme"] for r in records if r["task"] == task
+                    and "attention_map" in (r.get("layers") or {}).get(layer, {})})
+  fig, axes = plt.subplots(len(schemes), 4, figsize=(13, 3.2 * len(schemes)),
+                           squeeze=False, layout="constrained")
+  for row, scheme in zip(axes, schemes):
+    history = _map_history(records, task, scheme, layer)
+    pattern = np.asarray(history[-1]["prior_pattern"], np.float64)
+    snapshots = {"init": history[0], "mid": history[len(history) // 2], "end": history[-1]}
+    panels = [("prior pattern", pattern / np.maximum(pattern.sum(-1, keepdims=True), 1))]
+    panels += [(f"{name}: step {r['step']}, fidelity {r['layers'][layer]['fidelity']:.2f}",
+                np.asarray(r["layers"][layer]["attention_map"]))
+               for name, r in snapshots.items()]
+    for ax, (title, image) in zip(row, panels):
+      shown = ax.imshow(image, vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
+      ax.set_title(title, fontsize="small")
+      ax.set_xlabel("key token j")
+    row[0].set_ylabel(f"{scheme} (seed {history[0]['seed']})\nquery token i")
+  fig.colorbar(shown, ax=axes, shrink=0.6, label="attention probability")
+  fig.suptitle(f"{task}, {layer}: attention, mean over probe inputs and heads")
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+
+
+def _plot_degree_profiles(records, task, path):
+  """Per scheme: the share of the learned function's Fourier weight at each degree over
+  training, mean over seeds; degrees that never reach 1% are left out."""
+  plt = _pyplot()
+  curves = _curves([r for r in records if r["task"] == task],
+                   lambda r: r.get("degree_profile"))
+  fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.8), sharey=True,
+                           squeeze=False, layout="constrained")
+  for ax, ((_, scheme), (steps, profiles)) in zip(axes[0], sorted(curves.items())):
+    share = profiles / np.maximum(profiles.sum(-1, keepdims=True), 1e-12)  # [seeds, steps, d]
+    mean = share.mean(0)
+    for degree in np.flatnonzero(mean.max(0) >= 0.01):
+      ax.plot(steps, mean[:, degree], label=f"degree {degree}")
+    ax.set_title(f"{scheme} (n={len(profiles)})")
+    ax.set_xlabel("training step")
+    ax.legend(fontsize="small")
+  axes[0, 0].set_ylabel("share of Fourier weight Σ_{|S|=d} ĉ_S² / E[f²]")
+  fig.suptitle(f"{task}: degree profile of the learned function")
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
 def plot_run(run_dir) -> list[str]:
-  """Curves of a run's metrics.jsonl into RUN_DIR/plots/: per task, one figure per metric,
-  mean over seeds with a min–max band per scheme; per-layer persistence metrics for the
-  first and last layer when the run recorded them. Returns the files written."""
+  """Figures of a run's metrics.jsonl into RUN_DIR/plots/: per task, one figure per metric,
+  mean over seeds with a min–max band per scheme; per-layer persistence metrics and
+  attention heatmaps (init, mid, end beside the prior) for the first and last layer, and
+  the degree profile over training, when the run recorded them. Returns the files written."""
   from mpx import report
   run_dir = pathlib.Path(run_dir)
   records = report.read_metrics(run_dir)
@@ -114,4 +175,15 @@ def plot_run(run_dir) -> list[str]:
           path = out_dir / f"{task}_{layer}_{metric}.png"
           _plot_curves(curves, task, metric, f"{task}, {layer}: {metric}", path)
           written.append(str(path))
+    for task in tasks:
+      if any("attention_map" in (r.get("layers") or {}).get(layer, {})
+             for r in records if r["task"] == task):
+        path = out_dir / f"{task}_{layer}_attention.png"
+        _plot_attention(records, task, layer, path)
+        written.append(str(path))
+  for task in tasks:
+    if any("degree_profile" in r for r in records if r["task"] == task):
+      path = out_dir / f"{task}_degree_profile.png"
+      _plot_degree_profiles(records, task, path)
+      written.append(str(path))
   return written

@@ -75,3 +75,11 @@ def test_steps_to_half():
   assert diagnostics.steps_to_half([0, 10, 20, 30], [0.9, 0.7, 0.44, 0.2]) == 20
   assert diagnostics.steps_to_half([0, 10], [0.9, 0.5]) is None
   assert diagnostics.steps_to_half([], []) is None
+
+
+def test_mean_attention_map_averages_batch_and_heads():
+  weights = jax.nn.softmax(jax.random.normal(jax.random.key(4), (3, 2, 5, 5)), axis=-1)
+  mean = np.asarray(diagnostics.mean_attention_map(weights, decimals=6))
+  chex.assert_shape(mean, (5, 5))
+  np.testing.assert_allclose(mean, np.asarray(weights).mean((0, 1)), atol=1e-6)
+  np.testing.assert_allclose(mean.sum(-1), 1.0, atol=1e-5)

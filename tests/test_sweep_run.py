@@ -51,7 +51,8 @@ def uninterrupted(tmp_path_factory):
 
 def test_run_writes_outputs(uninterrupted, capsys):
   records = report.read_metrics(uninterrupted)
-  assert len(records) == 2 * 4 * (24 // 4)       # groups × members × evaluations
+  assert len(records) == 2 * 4 * (24 // 4 + 1)   # groups × members × evaluations (+ init)
+  assert sorted({r["step"] for r in records}) == list(range(0, 25, 4))
   assert {r["group"] for r in records} == {"toy_a", "toy_b"}
   assert {"mean_output", "train_loss", "step", "scheme", "seed", "hparams"} <= set(records[0])
   summary = json.loads((uninterrupted / "summary.json").read_text())
@@ -71,7 +72,7 @@ def test_rerun_into_same_dir_without_resume_is_an_error(uninterrupted, capsys):
 
 def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
   out = tmp_path / "sigterm"
-  fired = []
+  calls = []
   experiment = config_lib.load_experiment(TOY)
   original = experiment.build_groups
 
@@ -80,8 +81,8 @@ def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
     evaluate = groups[0].evaluate
 
     def evaluate_then_sigterm(params, members):
-      if not fired:                              # Preempted after the first evaluation.
-        fired.append(True)
+      calls.append(True)
+      if len(calls) == 2:            # Preempted at the first evaluation after the init's.
         os.kill(os.getpid(), signal.SIGTERM)
       return evaluate(params, members)
 

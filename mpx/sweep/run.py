@@ -87,6 +87,9 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
     train_loss = np.full((size,), np.nan)
     progress = report.Progress(group.steps, start_step=step,
                                label=f"{group.name} ({k} members)")
+    if step == 0 and cfg.eval_every:  # Curves and heatmaps start at the initialisation.
+      writer.write(_records(group, state, 0, train_loss,
+                            group.evaluate(state.params, group.members)))
     while step < group.steps:
       state, loss = train_chunk(state, hparams, data)
       step, train_loss = int(state.step), np.asarray(loss)
@@ -143,7 +146,9 @@ def persistence_table(run_dir: pathlib.Path, members: list[dict]) -> str | None:
   for r in report.read_metrics(run_dir):
     if r.get("fidelity") is not None:
       key = (r["task"], r["scheme"], r["seed"])
-      history.setdefault(key, ([0], [r["fidelity_init"]]))
+      if key not in history and r["step"] > 0:  # No evaluation at step 0: use init.
+        history[key] = ([0], [r["fidelity_init"]])
+      history.setdefault(key, ([], []))
       history[key][0].append(r["step"])
       history[key][1].append(r["fidelity"])
   halves: dict = {}
