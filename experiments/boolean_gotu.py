@@ -250,7 +250,8 @@ SEARCH_DESIGNS = tuple(MASK_DESIGNS)
 
 PRESETS = {
     "quick": dict(seeds=2, width=32, depth=2, num_heads=2, head_dim=16, mlp_dim=32,
-                  learning_rate=1e-3, epochs=2, chunk_steps=16, qk_opt_steps=2000),
+                  learning_rate=1e-3, epochs=2, chunk_steps=16, eval_every=96,
+                  qk_opt_steps=2000),
     "paper": dict(seeds=10, chunk_steps=32, eval_every=320, checkpoint_every=320),
     # The largest scale a 2-core CPU finishes in about two hours (one core): 4 seeds.
     "cpu": dict(seeds=4, width=64, depth=4, num_heads=4, head_dim=16, mlp_dim=64,
@@ -320,12 +321,6 @@ def _persistence(model, loss_fn, params, initial, probe, allowed, fidelity_init)
   return out
 
 
-def _fidelity(model, params, probe, allowed) -> float:
-  """Attention mass on the prior's pairs, mean over layers, on the probe batch."""
-  maps = diagnostics.attention_maps(model.apply, params, boolean_tokens(probe["x"]))
-  return float(np.mean([diagnostics.prior_fidelity(w, allowed) for w in maps.values()]))
-
-
 def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_fn=None,
                   initial_params=None, allowed=None, probe_size: int = 128):
   """Host evaluation: each member's function on the whole cube, then its metrics; with
@@ -354,7 +349,8 @@ def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_f
       m = boolean.function_metrics(pred, task, mdi)
       if initial_params is not None:
         if i not in fidelity_init:  # Constant per member: measured once.
-          fidelity_init[i] = _fidelity(model, initial_params[i], probe, allowed)
+          fidelity_init[i] = _persistence(model, loss_fn, initial_params[i],
+                                          initial_params[i], probe, allowed, None)["fidelity"]
         m |= _persistence(model, loss_fn, engine.unstack(params_K, i), initial_params[i],
                           probe, allowed, fidelity_init[i])
       m["unseen_mean_output"] = float(pred[unseen].mean())

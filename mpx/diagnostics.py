@@ -11,6 +11,7 @@ compared on the same quantities:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -33,19 +34,36 @@ def _layer_leaves(params: PyTree) -> dict[str, dict[str, jax.Array]]:
   return layers
 
 
-def relative_drift(params: PyTree, initial: PyTree) -> dict[str, dict[str, float]]:
-  """Per layer: ‖θ − θ_0‖ / ‖θ_0‖ of the mask and the query/key kernels."""
+def _drift(params: PyTree, initial: PyTree) -> dict[str, dict[str, jax.Array]]:
   now, start = _layer_leaves(params), _layer_leaves(initial)
-  return {layer: {name: float(jnp.linalg.norm(leaf - start[layer][name]) /
-                              jnp.maximum(jnp.linalg.norm(start[layer][name]), 1e-12))
+  return {layer: {name: jnp.linalg.norm(leaf - start[layer][name]) /
+                  jnp.maximum(jnp.linalg.norm(start[layer][name]), 1e-12)
                   for name, leaf in leaves.items()}
           for layer, leaves in now.items()}
 
 
+def _grad_norms(grads: PyTree) -> dict[str, dict[str, jax.Array]]:
+  return {layer: {name: jnp.linalg.norm(g) for name, g in leaves.items()}
+          for layer, leaves in _layer_leaves(grads).items()}
+
+
+def _mass_on(weights_BHNN: jax.Array, allowed: jax.Array) -> jax.Array:
+  allowed = jnp.broadcast_to(jnp.asarray(allowed, bool), weights_BHNN.shape[-3:])
+  return jnp.mean(jnp.sum(jnp.where(allowed, weights_BHNN, 0.0), axis=-1))
+
+
+def _to_floats(tree) -> Any:
+  return jax.tree_util.tree_map(float, jax.device_get(tree))
+
+
+def relative_drift(params: PyTree, initial: PyTree) -> dict[str, dict[str, float]]:
+  """Per layer: ‖θ − θ_0‖ / ‖θ_0‖ of the mask and the query/key kernels."""
+  return _to_floats(_drift(params, initial))
+
+
 def gradient_norms(grads: PyTree) -> dict[str, dict[str, float]]:
   """Per layer: the global norm of the gradient of the mask and the query/key kernels."""
-  return {layer: {name: float(jnp.linalg.norm(g)) for name, g in leaves.items()}
-          for layer, leaves in _layer_leaves(grads).items()}
+  return _to_floats(_grad_norms(grads))
 
 
 def attention_maps(apply_fn: Callable, params: PyTree, *inputs) -> dict[str, jax.Array]:
@@ -60,8 +78,7 @@ def prior_fidelity(weights_BHNN: jax.Array, allowed: jax.Array) -> float:
   """Attention mass on the allowed (query, key) pairs, averaged over queries, heads and the
   batch. `allowed` is `[N, N]` or `[H, N, N]`; a neutral (all-allowed) prior gives 1 and a
   uniform attention gives the allowed share of each row."""
-  allowed = jnp.broadcast_to(jnp.asarray(allowed, bool), weights_BHNN.shape[-3:])
-  return float(jnp.mean(jnp.sum(jnp.where(allowed, weights_BHNN, 0.0), axis=-1)))
+  return float(_mass_on(weights_BHNN, allowed))
 
 
 def steps_to_half(steps: Sequence[int], fidelity: Sequence[float]) -> int | None:
@@ -81,21 +98,33 @@ def mean_attention_map(weights_BHNN: jax.Array, decimals: int = 4) -> list[list[
                   decimals).tolist()
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _persistence_arrays(apply_fn, loss_fn, params, initial, probe_inputs, probe_batch,
+                        allowed):
+  """Everything `persistence_metrics` reports, as arrays, in one compiled program (eager
+  Flax applies and grads cost seconds per member on CPU). `apply_fn` and `loss_fn` are
+  static: pass the same callables every evaluation so it compiles once."""
+  maps = attention_maps(apply_fn, params, *probe_inputs)
+  return (_drift(params, initial), _grad_norms(jax.grad(loss_fn)(params, probe_batch)),
+          {layer: _mass_on(w, allowed) for layer, w in maps.items()},
+          {layer: jnp.mean(w, axis=(0, 1)) for layer, w in maps.items()})
+
+
 def persistence_metrics(apply_fn: Callable, loss_fn: Callable, params: PyTree,
                         initial: PyTree, probe_inputs: Sequence, probe_batch: Mapping,
                         allowed: jax.Array, map_layers: Sequence[str] = ()
                         ) -> dict[str, dict[str, Any]]:
   """All diagnostics of one member, per layer: drift, fidelity and gradient norms, and
-  for the layers in `map_layers` the mean attention map (`mean_attention_map`)."""
-  drift = relative_drift(params, initial)
-  maps = attention_maps(apply_fn, params, *probe_inputs)
-  grads = gradient_norms(jax.grad(loss_fn)(params, probe_batch))
+  for the layers in `map_layers` the mean attention map (batch and heads, 4 decimals)."""
+  drift, grads, fidelity, maps = jax.device_get(_persistence_arrays(
+      apply_fn, loss_fn, params, initial, tuple(probe_inputs), dict(probe_batch),
+      jnp.asarray(allowed, bool)))
   out = {}
   for layer in drift:
-    out[layer] = {f"drift_{k}": v for k, v in drift[layer].items()}
-    out[layer] |= {f"grad_norm_{k}": v for k, v in grads.get(layer, {}).items()}
-    if layer in maps:
-      out[layer]["fidelity"] = prior_fidelity(maps[layer], allowed)
+    out[layer] = {f"drift_{k}": float(v) for k, v in drift[layer].items()}
+    out[layer] |= {f"grad_norm_{k}": float(v) for k, v in grads.get(layer, {}).items()}
+    if layer in fidelity:
+      out[layer]["fidelity"] = float(fidelity[layer])
       if layer in map_layers:
-        out[layer]["attention_map"] = mean_attention_map(maps[layer])
+        out[layer]["attention_map"] = np.round(maps[layer].astype(np.float64), 4).tolist()
   return out
