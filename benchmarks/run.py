@@ -1,0 +1,416 @@
+"""mpx sweep vs the PyTorch reference vs the machine's matmul peak, side by side in one run.
+
+    python benchmarks/run.py                    # both scales, K = 1, 4, 16 (see README for time)
+    python benchmarks/run.py --scales quick --members 1 4 16 --steps 32
+    python benchmarks/run.py --quick-check      # smoke run: seconds per row, no targets claimed
+    python benchmarks/run.py --write            # also put the tables into benchmarks/README.md
+
+Rows: mpx's vmapped group (`engine.make_train_chunk`, K members in one program), a loop
+of single-member jitted steps (quick scale: what a user without the member axis runs),
+and `torch_reference.py` (members one after another). The model and data are the
+Boolean GOTU experiment's (2Parity, mask scheme, epoch protocol, batch 256). Rates
+exclude compilation, which is printed separately. Achieved FLOP/s = XLA's cost analysis
+of the compiled program / measured time, against a float32 matmul peak measured by jax
+in the same process, so the ratios hold on whatever machine runs this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import pathlib
+import platform
+import re
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch_reference  # noqa: E402
+from mpx.nn import boolean_tokens  # noqa: E402
+from mpx.sweep import config as config_lib  # noqa: E402
+from mpx.sweep import engine, optim  # noqa: E402
+
+README = ROOT / "benchmarks" / "README.md"
+BEGIN, END = "<!-- run.py results: begin -->", "<!-- run.py results: end -->"
+STEPS = {"quick": 32, "paper": 4}  # Timed steps per chunk when --steps is not given.
+TARGETS = {"paper_vs_torch": 1.5, "paper_peak": 0.60, "quick_vmap_vs_loop": 4.0}
+TARGET_LABELS = {"paper_vs_torch": "paper: mpx (best K) / PyTorch, member-steps/s",
+                 "paper_peak": "paper: mpx achieved FLOP/s / matmul peak",
+                 "quick_vmap_vs_loop": "quick: vmapped / loop at K = 16, per member"}
+
+
+@dataclasses.dataclass
+class Row:
+  """One measured configuration; `gflop` is per member-step."""
+  scale: str
+  impl: str
+  members: int
+  rate: float
+  compile_s: float | None = None
+  gflop: float | None = None
+  note: str = ""  # Why a row has no rate (rate is then nan).
+
+  def achieved(self) -> float | None:
+    return None if self.gflop is None or np.isnan(self.rate) else self.gflop * self.rate
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def cpu_model() -> str:
+  try:
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+  except OSError:
+    return platform.processor() or platform.machine()
+  match = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+  return match.group(1).strip() if match else platform.machine()
+
+
+def machine_lines() -> list[str]:
+  import flax
+  import torch
+  cores = len(os.sched_getaffinity(0))
+  return [
+      f"- CPU: {cpu_model()}; {cores} core(s) in this process's affinity "
+      f"(machine: {os.cpu_count()}); {platform.system()} {platform.machine()}",
+      f"- jax {jax.__version__} ({jax.default_backend()}, devices: "
+      f"{', '.join(str(d) for d in jax.devices())}), flax {flax.__version__}",
+      f"- torch {torch.__version__}, {torch_reference.num_threads()} thread(s)",
+      f"- XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
+      f"{datetime.datetime.now().isoformat(timespec='minutes')}",
+  ]
+
+
+def matmul_peak(sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
+  """GFLOP/s of a jitted float32 n³ `jnp.dot`, best of `repeats`, per size."""
+  peaks = {}
+  for n in sizes:
+    a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.float32) for i in (0, 1))
+    dot = jax.jit(jnp.dot)
+    jax.block_until_ready(dot(a, b))
+    best = float("inf")
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(dot(a, b))
+      best = min(best, time.perf_counter() - start)
+    peaks[n] = 2 * n ** 3 / best / 1e9
+  return peaks
+
+
+# --------------------------------------------------------------------------- mpx
+
+
+def experiment_config(scale: str, members: int):
+  experiment = config_lib.load_experiment(str(ROOT / "experiments" / "boolean_gotu.py"))
+  _, cfg = config_lib.make_config(experiment, scale)
+  cfg = dataclasses.replace(cfg, tasks=("2parity",), schemes=("mask",), seeds=members)
+  return experiment, cfg
+
+
+def make_group(scale: str, members: int) -> engine.Group:
+  experiment, cfg = experiment_config(scale, members)
+  return experiment.build_group(cfg, "2parity")
+
+
+def torch_scale(scale: str) -> torch_reference.Scale:
+  """The torch model's settings, checked against the experiment's preset."""
+  _, cfg = experiment_config(scale, 1)
+  ours = torch_reference.Scale(cfg.width, cfg.depth, cfg.num_heads, cfg.head_dim,
+                               cfg.mlp_dim, cfg.learning_rate or 1e-5, cfg.weight_decay,
+                               cfg.batch_size, cfg.mask_strength)
+  if ours != torch_reference.SCALES[scale]:
+    raise AssertionError(f"torch_reference.SCALES[{scale!r}] = "
+                         f"{torch_reference.SCALES[scale]} differs from the preset: {ours}.")
+  return ours
+
+
+def check_param_counts(scale: str) -> int:
+  """Asserts the torch and mpx models have the same number of parameters."""
+  experiment, cfg = experiment_config(scale, 1)
+  tokens = boolean_tokens(jnp.ones((1, torch_reference.N_BITS)))
+  shapes = jax.eval_shape(experiment.make_model(cfg).init, jax.random.key(0), tokens)
+  ours = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes["params"]))
+  theirs = torch_reference.num_params(torch_reference.TokenTransformer(torch_scale(scale)))
+  assert ours == theirs, f"{scale}: mpx has {ours:,} params, torch {theirs:,}"
+  return ours
+
+
+def available_gib() -> float:
+  """MemAvailable of /proc/meminfo (inf where unknown)."""
+  try:
+    match = re.search(r"^MemAvailable:\s+(\d+) kB", pathlib.Path("/proc/meminfo").read_text(),
+                      re.M)
+  except OSError:
+    match = None
+  return int(match.group(1)) / 2 ** 20 if match else float("inf")
+
+
+def needed_gib(compiled) -> float:
+  """Host memory a compiled program allocates beyond its arguments (which already exist)
+  and the outputs it writes into donated ones: XLA's own estimate."""
+  m = compiled.memory_analysis()
+  if m is None:
+    return 0.0
+  return (m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes) / 2 ** 30
+
+
+def _size(gib: float) -> str:
+  return f"{gib:.1f} GiB" if gib >= 1 else f"{gib * 1024:.0f} MiB"
+
+
+def xla_flops(compiled) -> float:
+  """FLOPs of a compiled program; `cost_analysis()` is a dict or a list of dicts."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    return float(sum(c.get("flops", 0.0) for c in cost))
+  return float(cost.get("flops", 0.0))
+
+
+def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
+  """K members in one `jit(scan(vmap(step)))` chunk: one warm-up chunk, then `repeats`.
+
+  XLA's cost analysis counts a scan's body once (checked: the same FLOPs for 1, 2 and 8
+  steps per chunk), so its FLOPs / K are per member-step.
+  """
+  group = make_group(scale, members)
+  hparams = optim.stack_hparams([m.hparams for m in group.members])
+  state = engine.init_state(group)
+  start = time.perf_counter()
+  chunk = engine.make_train_chunk(group, steps).lower(state, hparams, group.train_data)
+  chunk = chunk.compile()
+  compile_s = time.perf_counter() - start
+  gflop = xla_flops(chunk) / members / 1e9
+  need, have = needed_gib(chunk), available_gib()
+  if need > have:  # Skip rather than have the OOM killer end the whole run.
+    return Row(scale, "mpx vmapped", members, float("nan"), compile_s, gflop,
+               f"skipped: needs {_size(need)}, {_size(have)} available")
+  state, loss = chunk(state, hparams, group.train_data)
+  jax.block_until_ready(loss)
+  start = time.perf_counter()
+  for _ in range(repeats):
+    state, loss = chunk(state, hparams, group.train_data)
+  jax.block_until_ready(loss)
+  seconds = time.perf_counter() - start
+  assert np.all(np.isfinite(np.asarray(loss))), "non-finite loss"
+  return Row(scale, "mpx vmapped", members, members * steps * repeats / seconds, compile_s,
+             gflop, _size(need))
+
+
+def time_loop(scale: str, members: int, steps: int) -> Row:
+  """K members one after another, each `steps` calls of a jitted single-member step
+  (state donated, dispatch asynchronous): the loop a user writes without the member axis."""
+  group = make_group(scale, 1)
+  per_epoch = group.num_examples // group.batch_size
+  first = lambda tree: engine.unstack(tree, 0)
+  hparams = first(optim.stack_hparams([m.hparams for m in group.members]))
+  data = first(group.train_data)
+  order_of = jax.jit(lambda raw_key, epoch: engine.epoch_order(
+      jax.random.wrap_key_data(raw_key), epoch, group.num_examples))
+  step_fn = jax.jit(engine.make_member_step(group), donate_argnums=(0, 1))
+
+  def fresh_member():
+    """(params, opt_state, key, alive, diverged_step) of one un-stacked member."""
+    return first(tuple(engine.init_state(group))[:-1])
+
+  def call(member, order, step):
+    params, opt_state, key, alive, diverged = member
+    *new, loss = step_fn(params, opt_state, key, alive, diverged, hparams, data, order,
+                         jnp.int32(step))
+    return (new[0], new[1], key, new[2], new[3]), loss
+
+  members_state = [fresh_member() for _ in range(members)]
+  order = order_of(members_state[0][2], 0)
+  start = time.perf_counter()
+  params, opt_state, key, alive, diverged = fresh_member()
+  step_fn = step_fn.lower(params, opt_state, key, alive, diverged, hparams, data, order,
+                          jnp.int32(0)).compile()
+  compile_s = time.perf_counter() - start
+  jax.block_until_ready(call(fresh_member(), order, 0))  # Warm-up.
+
+  start = time.perf_counter()
+  for member in members_state:
+    for step in range(steps):
+      if step % per_epoch == 0:
+        order = order_of(member[2], step // per_epoch)
+      member, loss = call(member, order, step)
+  jax.block_until_ready(loss)
+  seconds = time.perf_counter() - start
+  return Row(scale, "mpx loop of jitted steps", members, members * steps / seconds,
+             compile_s, xla_flops(step_fn) / 1e9)
+
+
+def time_torch(scale: str, steps: int, seeds: int, gflop: float | None) -> Row:
+  rate = torch_reference.member_steps_per_second(torch_scale(scale), steps, seeds)
+  label = f"PyTorch reference, {seeds} seed{'s' if seeds > 1 else ''} in turn"
+  return Row(scale, label, 1, rate, None, gflop)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt(value, spec: str, missing: str = "–") -> str:
+  return missing if value is None else format(value, spec)
+
+
+def rows_table(rows: list[Row], peak: float) -> list[str]:
+  lines = ["| scale | implementation | K | member-steps/s | compile (s) | GFLOP / member-step "
+           "| achieved GFLOP/s | of matmul peak | memory |", "|---" * 9 + "|"]
+  for r in rows:
+    achieved = r.achieved()
+    rate = r.note if np.isnan(r.rate) else f"{r.rate:.3f}"
+    lines.append(f"| {r.scale} | {r.impl} | {r.members} | {rate} | "
+                 f"{_fmt(r.compile_s, '.1f')} | {_fmt(r.gflop, '.3g')} | "
+                 f"{_fmt(achieved, '.1f')} | "
+                 f"{_fmt(None if achieved is None else achieved / peak, '.0%')} | "
+                 f"{'' if np.isnan(r.rate) else r.note} |")
+  return lines
+
+
+def _find(rows, scale, impl, members=None) -> list[Row]:
+  """Measured rows (skipped ones left out) of a scale, implementation and K."""
+  return [r for r in rows if r.scale == scale and r.impl.startswith(impl)
+          and (members is None or r.members == members) and not np.isnan(r.rate)]
+
+
+def ratios(rows: list[Row], peak: float) -> list[tuple[str, float | None, float | None]]:
+  """(what, measured ratio, target or None) for every ratio the rows allow, plus each
+  target of the performance issue (measured None where its rows were not run)."""
+  out, targets = [], dict(TARGETS)
+  for scale in dict.fromkeys(r.scale for r in rows):
+    vmapped, torch_rows = _find(rows, scale, "mpx vmapped"), _find(rows, scale, "PyTorch")
+    if vmapped and torch_rows:
+      best = max(vmapped, key=lambda r: r.rate)
+      out.append((f"{scale}: mpx (best K = {best.members}) / PyTorch, member-steps/s",
+                  best.rate / torch_rows[0].rate,
+                  targets.pop("paper_vs_torch") if scale == "paper" else None))
+    if vmapped:
+      best = max(vmapped, key=lambda r: r.achieved() or 0.0)
+      out.append((f"{scale}: mpx achieved FLOP/s / matmul peak (best K = {best.members})",
+                  (best.achieved() or 0.0) / peak,
+                  targets.pop("paper_peak") if scale == "paper" else None))
+    loop = _find(rows, scale, "mpx loop")
+    for k in sorted({r.members for r in loop}):
+      same_k = _find(rows, scale, "mpx vmapped", k)
+      if same_k:
+        target = scale == "quick" and k == 16
+        out.append((f"{scale}: vmapped / loop at K = {k}, per member",
+                    same_k[0].rate / _find(rows, scale, "mpx loop", k)[0].rate,
+                    targets.pop("quick_vmap_vs_loop") if target else None))
+  return out + [(TARGET_LABELS[name], None, value) for name, value in targets.items()]
+
+
+def ratios_table(items) -> list[str]:
+  lines = ["| ratio | measured | target | |", "|---|---|---|---|"]
+  for what, value, target in items:
+    spec = ".0%" if "peak" in what else ".2f"
+    unit = "" if "peak" in what else "x"
+    verdict = ("not run" if value is None else "PASS" if value >= target else "FAIL"
+               ) if target is not None else ""
+    lines.append(f"| {what} | {_fmt(value, spec)}{unit if value is not None else ''} | "
+                 f"{_fmt(target, spec, '')}{unit if target is not None else ''} | {verdict} |")
+  return lines
+
+
+def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool) -> str:
+  peak = max(peaks.values())
+  peak_text = ", ".join(f"{n}³ {g:.1f}" for n, g in peaks.items())
+  torch_text = ", ".join(f"{n}³ {g:.1f}" for n, g in torch_peaks.items())
+  lines = [f"`{command}`", ""]
+  if smoke:
+    lines += ["**Smoke run (`--quick-check`): a few steps per row; the ratios are not "
+              "measurements of the targets.**", ""]
+  lines += machine + [
+      f"- float32 matmul peak (jnp.dot, best of several): {peak_text} GFLOP/s; "
+      f"peak = {peak:.1f}; for reference torch.mm reaches {torch_text} GFLOP/s",
+      "- params (mpx = torch, asserted): " + ", ".join(f"{s} {n:,}" for s, n in params.items()),
+      "", *rows_table(rows, peak), "",
+      "GFLOP / member-step: XLA's cost analysis of the compiled program (a scan's body counts "
+      "once) / K; the PyTorch row reuses mpx's count (the same model). Rates exclude "
+      "compilation; PyTorch excludes each member's first step. Memory: XLA's estimate of "
+      "the compiled chunk's host memory.", "",
+      *ratios_table(ratios(rows, peak))]
+  return "\n".join(lines)
+
+
+def write_readme(text: str, path: pathlib.Path = README) -> None:
+  """Replaces the text between the results markers of the README (appends them if absent)."""
+  body = path.read_text() if path.exists() else ""
+  block = f"{BEGIN}\n{text}\n{END}"
+  if BEGIN in body and END in body:
+    head, rest = body.split(BEGIN, 1)
+    body = head + block + rest.split(END, 1)[1]
+  else:
+    body = body.rstrip("\n") + "\n\n## Results of `run.py`\n\n" + block + "\n"
+  path.write_text(body)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--scales", nargs="+", choices=tuple(STEPS), default=["quick", "paper"])
+  parser.add_argument("--members", type=int, nargs="+", default=[1, 4, 16],
+                      help="K, members per vmapped group")
+  parser.add_argument("--steps", type=int, default=None,
+                      help=f"timed steps per chunk (default per scale: {STEPS})")
+  parser.add_argument("--repeats", type=int, default=2, help="timed chunks after a warm-up one")
+  parser.add_argument("--torch-seeds", type=int, default=2)
+  parser.add_argument("--loop-members", type=int, default=None,
+                      help="K of the quick-scale loop baseline (default: the largest K)")
+  parser.add_argument("--matmul-sizes", type=int, nargs="+", default=[1024, 2048])
+  parser.add_argument("--quick-check", action="store_true",
+                      help="smoke run: quick scale, K = 1 and 2, 2 steps, 1 torch seed")
+  parser.add_argument("--write", action="store_true", help="write the tables to README.md")
+  args = parser.parse_args(argv)
+  if args.quick_check:
+    args.scales, args.members, args.steps, args.repeats = ["quick"], [1, 2], 2, 1
+    args.torch_seeds, args.loop_members = 1, 2
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  command = "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
+  machine = machine_lines()
+  print("\n".join(machine), flush=True)
+  params = {s: check_param_counts(s) for s in ("quick", "paper")}
+  before, after = torch_reference.loss_decreases(torch_scale("quick"))
+  assert after < before, f"a torch step did not lower the loss ({before} -> {after})"
+  print(f"params (mpx = torch): {params}; torch loss on one batch {before:.4f} -> {after:.4f}")
+  peaks = matmul_peak(tuple(args.matmul_sizes), repeats=3 if args.quick_check else 5)
+  torch_peaks = {n: torch_reference.matmul_gflops(n) for n in args.matmul_sizes}
+  print(f"matmul GFLOP/s: jax {peaks}, torch {torch_peaks}", flush=True)
+
+  rows = []
+  for scale in args.scales:
+    steps = args.steps or STEPS[scale]
+    for k in args.members:
+      rows.append(time_vmapped(scale, k, steps, args.repeats))
+      print(rows[-1], flush=True)
+    if scale == "quick":
+      rows.append(time_loop(scale, args.loop_members or max(args.members), steps))
+      print(rows[-1], flush=True)
+    gflop = next((r.gflop for r in rows if r.scale == scale and r.impl == "mpx vmapped"),
+                 None)  # The same model: mpx's per-member-step count.
+    rows.append(time_torch(scale, steps * args.repeats, args.torch_seeds, gflop))
+    print(rows[-1], flush=True)
+
+  text = report(rows, peaks, torch_peaks, machine, params, command.strip(), args.quick_check)
+  print("\n" + text)
+  if args.write:
+    write_readme(text)
+    print(f"\nwrote {README.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+  main()
