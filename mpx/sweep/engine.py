@@ -92,6 +92,7 @@ class SweepState(NamedTuple):
   alive: jax.Array          # [K] bool: False once a member went non-finite.
   diverged_step: jax.Array  # [K] int32: the step at which it did, −1 if never.
   step: jax.Array           # [] int32: steps done.
+  order: jax.Array          # [K, P] int32: the current epoch's example order ([K, 0] iid).
 
 
 def stack(trees: Sequence[PyTree]) -> PyTree:
@@ -118,7 +119,16 @@ def init_state(group: Group) -> SweepState:
                     for m in group.members])
   k = len(group.members)
   return SweepState(params, opt_state, keys, jnp.ones((k,), bool),
-                    jnp.full((k,), -1, jnp.int32), jnp.zeros((), jnp.int32))
+                    jnp.full((k,), -1, jnp.int32), jnp.zeros((), jnp.int32),
+                    _epoch_orders(group, keys, 0))
+
+
+def _epoch_orders(group: Group, raw_keys_K2, epoch) -> jax.Array:
+  """Every member's example order for `epoch` (`[K, P]`; `[K, 0]` for iid sampling)."""
+  if group.sampling != "epoch":
+    return jnp.zeros((raw_keys_K2.shape[0], 0), jnp.int32)
+  return jax.vmap(lambda raw_key: epoch_order(jax.random.wrap_key_data(raw_key), epoch,
+                                              group.num_examples))(raw_keys_K2)
 
 
 def epoch_order(key, epoch, num_examples: int) -> jax.Array:
@@ -171,38 +181,32 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
   """`(state, hparams, data) → (state, mean_loss[K])` for `chunk_steps` steps.
 
   Steps past `group.steps` are no-ops, so every chunk has the same length and the
-  program compiles once. The state is donated. With epoch sampling the epoch's order is
-  drawn at the chunk's start and at each epoch boundary (a `lax.cond` outside the member
-  vmap), not every step: a permutation is a sort over the whole training set.
+  program compiles once. The state is donated. With epoch sampling the state carries the
+  epoch's order, redrawn only at epoch boundaries (a `lax.cond` outside the member vmap):
+  a permutation is a sort over the whole training set, slow on CPU.
   """
   if chunk_steps < 1:
     raise ValueError(f"chunk_steps must be >= 1; got {chunk_steps}.")
   member_step = jax.vmap(make_member_step(group), in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None))
   per_epoch = group.num_examples // group.batch_size
-  epoch_orders = jax.vmap(
-      lambda raw_key, epoch: epoch_order(jax.random.wrap_key_data(raw_key), epoch,
-                                         group.num_examples), in_axes=(0, None))
-
-  def orders_at(state, step):
-    if group.sampling != "epoch":
-      return jnp.zeros((state.key.shape[0], 0), jnp.int32)
-    return epoch_orders(state.key, step // per_epoch)
 
   def chunk(state: SweepState, hparams, data):
-    def body(carry, step):
-      state, order = carry
+    def body(state, step):
+      order = state.order
       if group.sampling == "epoch":
-        order = jax.lax.cond(step % per_epoch == 0, lambda: orders_at(state, step),
+        order = jax.lax.cond(step % per_epoch == 0,
+                             lambda: _epoch_orders(group, state.key, step // per_epoch),
                              lambda: order)
       params, opt_state, alive, diverged_step, loss = member_step(
           state.params, state.opt_state, state.key, state.alive, state.diverged_step,
           hparams, data, order, step)
       active = step < group.steps
-      new = SweepState(params, opt_state, state.key, alive, diverged_step, state.step + 1)
-      return (_select(active, new, state), order), jnp.where(active, loss, 0.0)
+      new = SweepState(params, opt_state, state.key, alive, diverged_step, state.step + 1,
+                       order)
+      return _select(active, new, state), jnp.where(active, loss, 0.0)
 
     steps = state.step + jnp.arange(chunk_steps, dtype=jnp.int32)
-    (final, _), losses = jax.lax.scan(body, (state, orders_at(state, state.step)), steps)
+    final, losses = jax.lax.scan(body, state, steps)
     counted = jnp.maximum(jnp.minimum(group.steps - state.step, chunk_steps), 1)
     return final, jnp.sum(losses, axis=0) / counted
 
