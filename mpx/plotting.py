@@ -186,4 +186,52 @@ def plot_run(run_dir) -> list[str]:
       path = out_dir / f"{task}_degree_profile.png"
       _plot_degree_profiles(records, task, path)
       written.append(str(path))
+  if any("data_fraction" in (r.get("hparams") or {}) for r in records):
+    path = out_dir / "fraction_curve.png"
+    plot_fraction_curve(records, path)
+    written.append(str(path))
   return written
+
+
+def plot_fraction_curve(records, path) -> None:
+  """Final `sequence_accuracy` against the training-data fraction, one panel per task
+  and one line per scheme: mean over seeds with a min–max band, log-x (the fractions of
+  a low-data sweep span decades). Uses each member's last evaluation; records need
+  `hparams["data_fraction"]`."""
+  plt = _pyplot()
+  final: dict = {}  # (task, scheme, fraction, seed) → (step, value)
+  for r in records:
+    fraction = (r.get("hparams") or {}).get("data_fraction")
+    value = r.get("sequence_accuracy")
+    if fraction is None or value is None:
+      continue
+    key = (r["task"], r["scheme"], float(fraction), r["seed"])
+    if key not in final or r["step"] >= final[key][0]:
+      final[key] = (r["step"], float(value))
+  if not final:
+    raise ValueError("no record has hparams['data_fraction'] and a sequence_accuracy; "
+                     "nothing to plot.")
+  tasks = sorted({k[0] for k in final})
+  fig, axes = plt.subplots(1, len(tasks), figsize=(5.6 * len(tasks), 4.2), squeeze=False,
+                           layout="constrained")
+  for ax, task in zip(axes[0], tasks):
+    for scheme in sorted({k[1] for k in final if k[0] == task}):
+      by_fraction: dict = {}
+      for (t, s, fraction, _), (_, value) in final.items():
+        if (t, s) == (task, scheme):
+          by_fraction.setdefault(fraction, []).append(value)
+      fractions = np.array(sorted(by_fraction))
+      values = [np.array(by_fraction[f]) for f in fractions]
+      mean = np.array([v.mean() for v in values])
+      n = min(len(v) for v in values)
+      line, = ax.plot(fractions, mean, marker="o", label=f"{scheme} (n={n})")
+      low, high = [v.min() for v in values], [v.max() for v in values]
+      ax.fill_between(fractions, low, high, color=line.get_color(), alpha=0.2)
+      ax.vlines(fractions, low, high, color=line.get_color(), alpha=0.5)  # One fraction too.
+    ax.set_xscale("log")
+    ax.set_xlabel("fraction of the problem space trained on")
+    ax.set_ylabel("sequence accuracy (fraction)")
+    ax.set_title(f"{task}: final sequence accuracy")
+    ax.legend(fontsize="small")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
