@@ -219,7 +219,8 @@ def time_loop(scale: str, members: int, steps: int) -> Row:
 
   def fresh_member():
     """(params, opt_state, key, alive, diverged_step) of one un-stacked member."""
-    return first(tuple(engine.init_state(group))[:-1])
+    s = engine.init_state(group)
+    return first((s.params, s.opt_state, s.key, s.alive, s.diverged_step))
 
   def call(member, order, step):
     params, opt_state, key, alive, diverged = member

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mpx import cli, schemes
-from mpx.nn import CausalDecoder, greedy_decode
+from mpx.nn import causal_decoder, greedy_decode
 from mpx.tasks import arithmetic as ar
 
 FORMATS = [(name, reverse) for name in ar.TASKS for reverse in (True, False)]
@@ -123,7 +123,7 @@ def test_accuracy_and_loss_on_a_hand_made_batch():
       -np.log(0.625), rel=1e-5)
 
 
-MODEL = CausalDecoder(ar.VOCAB_SIZE, width=16, depth=2, num_heads=2, head_dim=8, mlp_dim=32)
+MODEL = causal_decoder(ar.VOCAB_SIZE, width=16, depth=2, num_heads=2, head_dim=8, mlp_dim=32)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Flax Linen modules with a mask prior as a param leaf named `mask_logits`."""
 
 from mpx.nn.attention import MaskedSelfAttention
-from mpx.nn.decoder import CausalDecoder, greedy_decode
+from mpx.nn.decoder import causal_decoder, greedy_decode
 from mpx.nn.transformer import Block, Mlp, TokenTransformer, boolean_tokens
 
-__all__ = ["MaskedSelfAttention", "Block", "CausalDecoder", "Mlp", "TokenTransformer",
+__all__ = ["MaskedSelfAttention", "Block", "causal_decoder", "Mlp", "TokenTransformer",
            "boolean_tokens", "greedy_decode"]

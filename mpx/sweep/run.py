@@ -85,6 +85,7 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
     train_chunk = engine.make_train_chunk(group, cfg.chunk_steps)
     step = int(state.step)
     train_loss = np.full((size,), np.nan)
+    metrics = None  # The last evaluation's; the final one is reused, not recomputed.
     progress = report.Progress(group.steps, start_step=step,
                                label=f"{group.name} ({k} members)")
     if step == 0 and cfg.eval_every:  # Curves and heatmaps start at the initialisation.
@@ -104,7 +105,8 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
         progress.close()
         raise Preempted(f"SIGTERM: saved group {group.name} at step {step}.")
     progress.close()
-  metrics = group.evaluate(state.params, group.members)
+  if metrics is None:  # Resumed at the end: the loop did not run (it evaluates the last step).
+    metrics = group.evaluate(state.params, group.members)
   return _records(group, state, group.steps, train_loss, metrics)
 
 
