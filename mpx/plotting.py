@@ -43,8 +43,8 @@ def plot_prior(mask_logits, path: str, title: str = "") -> None:
   plt.close(fig)
 
 
-CURVE_METRICS = ("accuracy", "accuracy_unseen", "loss", "loss_unseen", "train_loss",
-                 "unseen_mean_output", "mean_output")
+CURVE_METRICS = ("accuracy", "accuracy_seen", "accuracy_unseen", "loss", "loss_seen",
+                 "loss_unseen", "train_loss", "unseen_mean_output", "mean_output")
 LAYER_METRICS = ("fidelity", "drift_mask", "drift_query", "drift_key", "grad_norm_mask",
                  "grad_norm_query", "grad_norm_key")
 

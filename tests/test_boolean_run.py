@@ -36,7 +36,10 @@ def test_summary_has_the_persistence_table(tiny_run):
 def test_plots_include_heatmaps_and_degree_profiles(tiny_run):
   names = {p.name for p in (tiny_run / "plots").glob("*.png")}
   assert {"2parity_block_0_attention.png", "2parity_degree_profile.png",
-          "2parity_block_0_fidelity.png", "2parity_accuracy.png"} <= names
+          "2parity_block_0_fidelity.png", "2parity_block_0_drift_query.png",
+          "2parity_block_0_grad_norm_mask.png", "2parity_accuracy.png",
+          "2parity_accuracy_seen.png", "2parity_accuracy_unseen.png",
+          "2parity_loss_seen.png"} <= names
   for name in ("2parity_block_0_attention.png", "2parity_degree_profile.png"):
     image = matplotlib.image.imread(tiny_run / "plots" / name)
     assert image.shape[0] > 200 and image.shape[1] > 400 and image.std() > 0
