@@ -83,11 +83,15 @@ def _plot_curves(curves, task, ylabel, title, path):
   plt.close(fig)
 
 
+def _has_map(record, layer) -> bool:
+  return "attention_map" in (record.get("layers") or {}).get(layer, {})
+
+
 def _map_history(records, task, scheme, layer):
   """The lowest seed's records of (task, scheme) holding an attention map of `layer`, in
   step order."""
-  mine = [r for r in records if r["task"] == task and r["scheme"] == scheme
-          and "attention_map" in (r.get("layers") or {}).get(layer, {})]
+  mine = [r for r in records
+          if r["task"] == task and r["scheme"] == scheme and _has_map(r, layer)]
   seed = min(r["seed"] for r in mine)
   return sorted((r for r in mine if r["seed"] == seed), key=lambda r: r["step"])
 
@@ -98,8 +102,7 @@ def _plot_attention(records, task, layer, path):
   mid-training and end (its first, middle and last evaluation), averaged over the probe
   batch and heads."""
   plt = _pyplot()
-  schemes = sorted({r["scheme"] for r in records if r["task"] == task
-                    and "attention_map" in (r.get("layers") or {}).get(layer, {})})
+  schemes = sorted({r["scheme"] for r in records if r["task"] == task and _has_map(r, layer)})
   fig, axes = plt.subplots(len(schemes), 4, figsize=(13, 3.2 * len(schemes)),
                            squeeze=False, layout="constrained")
   for row, scheme in zip(axes, schemes):
@@ -176,8 +179,7 @@ def plot_run(run_dir) -> list[str]:
           _plot_curves(curves, task, metric, f"{task}, {layer}: {metric}", path)
           written.append(str(path))
     for task in tasks:
-      if any("attention_map" in (r.get("layers") or {}).get(layer, {})
-             for r in records if r["task"] == task):
+      if any(_has_map(r, layer) for r in records if r["task"] == task):
         path = out_dir / f"{task}_{layer}_attention.png"
         _plot_attention(records, task, layer, path)
         written.append(str(path))

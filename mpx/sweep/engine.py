@@ -194,7 +194,8 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
     def body(state, step):
       order = state.order
       if group.sampling == "epoch":
-        order = jax.lax.cond(step % per_epoch == 0,
+        # Epoch 0's order comes with the state (init_state), so step 0 needs no redraw.
+        order = jax.lax.cond((step % per_epoch == 0) & (step > 0),
                              lambda: _epoch_orders(group, state.key, step // per_epoch),
                              lambda: order)
       params, opt_state, alive, diverged_step, loss = member_step(
