@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch_reference  # noqa: E402
-from mpx import xla_flags  # noqa: E402
 from mpx.nn import boolean_tokens  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import engine, optim  # noqa: E402
@@ -373,8 +372,6 @@ def parse_args(argv):
   parser.add_argument("--quick-check", action="store_true",
                       help="smoke run: quick scale, K = 1 and 2, 2 steps, 1 torch seed")
   parser.add_argument("--write", action="store_true", help="write the tables to README.md")
-  parser.add_argument("--xla-defaults", action="store_true",
-                      help="run with jax's default XLA:CPU flags instead of mpx.xla_flags'")
   args = parser.parse_args(argv)
   if args.quick_check:
     args.scales, args.members, args.steps, args.repeats = ["quick"], [1, 2], 2, 1
@@ -384,8 +381,6 @@ def parse_args(argv):
 
 def main(argv=None):
   args = parse_args(argv)
-  if not args.xla_defaults:
-    xla_flags.set_cpu_flags()  # As `mpx run` does; before the first computation.
   command = "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
   machine = machine_lines()
   print("\n".join(machine), flush=True)

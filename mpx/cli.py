@@ -6,7 +6,7 @@ import argparse
 import sys
 
 import mpx
-from mpx import priors, xla_flags
+from mpx import priors
 
 
 def _build_prior(args) -> "jax.Array":
@@ -120,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
   if args.command is None:
     parser.print_help()
     return 0
-  xla_flags.set_cpu_flags()  # Before the first computation, which fixes XLA's flags.
   try:
     return args.func(args)
   except (ValueError, FileNotFoundError, FileExistsError) as e:
