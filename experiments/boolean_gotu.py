@@ -2,6 +2,8 @@
 
     mpx run boolean_gotu --preset quick      # 3 tasks × 4 schemes × 2 seeds, a few minutes on 2 CPU cores
     mpx run boolean_gotu --preset paper      # the GOTU model and protocol, 10 seeds (GPU)
+    mpx run boolean_gotu --preset paper --set compute_dtype=bfloat16 --set attention=jax
+                                             # GPU: bf16 matmuls, fused attention (untested on GPU)
     mpx run boolean_gotu --preset cpu        # 4 layers, width 64, 4 seeds, 8 epochs: ~2 h on one core
     mpx run boolean_gotu --preset search --set epochs=4   # 14 mask designs on 2Parity, ~8 min CPU
 
@@ -31,11 +33,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mpx import attention as attention_lib
 from mpx import diagnostics, priors, schemes
 from mpx.nn import TokenTransformer, boolean_tokens
 from mpx.sweep import engine, optim
 from mpx.sweep.config import SweepConfig
 from mpx.tasks import boolean
+
+COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 
 # Per task: (learning rate, epochs) of the GOTU protocol (PAPER.md).
 TASK_PROTOCOL = {"2parity": (1e-5, 20), "majority3": (1e-5, 30), "cyclic3": (2e-5, 80)}
@@ -60,6 +65,10 @@ class Config(SweepConfig):
   init_style: "torch" (the GOTU code's init, N(0, 1) embeddings) or "flax" (lecun normal,
     N(0, 0.02) embeddings), a search axis: FINDINGS saw the embedding init move the
     unseen output more than the mask did.
+  compute_dtype: "float32" or "bfloat16" (projection and MLP matmuls only; logits,
+    softmax, LayerNorm and params stay float32): bf16 is for GPUs, slow on CPU.
+  attention: "reference" or "jax" (`jax.nn.dot_product_attention` with the mask as a
+    bias, which can use fused kernels on GPU).
   """
   tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)
   schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")
@@ -81,9 +90,17 @@ class Config(SweepConfig):
   init_style: str = "torch"
   qk_opt_steps: int = 10_000
   eval_points_per_call: int = 8192
+  compute_dtype: str = "float32"
+  attention: str = "reference"
 
   def __post_init__(self):
     super().__post_init__()
+    if self.compute_dtype not in COMPUTE_DTYPES:
+      raise ValueError(f"compute_dtype={self.compute_dtype!r}; choose from "
+                       f"{tuple(COMPUTE_DTYPES)}.")
+    if self.attention not in attention_lib.IMPLEMENTATIONS:
+      raise ValueError(f"attention={self.attention!r}; choose from "
+                       f"{attention_lib.IMPLEMENTATIONS}.")
     unknown = [t for t in self.tasks if t not in TASK_PROTOCOL]
     if unknown:
       raise ValueError(f"unknown tasks {unknown}; choose from {tuple(TASK_PROTOCOL)}.")
@@ -298,7 +315,9 @@ def make_model(config: Config) -> TokenTransformer:
   return TokenTransformer(width=config.width, depth=config.depth,
                           num_heads=config.num_heads, head_dim=config.head_dim,
                           mlp_dim=config.mlp_dim, mask_layers=config.mask_layers,
-                          per_head_mask=config.per_head_mask, init_style=config.init_style)
+                          per_head_mask=config.per_head_mask, init_style=config.init_style,
+                          dtype=COMPUTE_DTYPES[config.compute_dtype],
+                          implementation=config.attention)
 
 
 def _member_hparams(config: Config, task: str, scheme: str) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 import pathlib
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from mpx import attention, priors, schemes
 from mpx.nn import TokenTransformer, boolean_tokens
 from mpx.sweep import config as config_lib
+from mpx.sweep import engine, optim
 
 EXPERIMENT = config_lib.load_experiment(
     str(pathlib.Path(__file__).parents[1] / "experiments" / "boolean_gotu.py"))
@@ -86,3 +88,20 @@ def test_search_group_members_share_one_tree():
   assert len(group.members) == 1 + len(EXPERIMENT.MASK_DESIGNS)
   trees = [group.init_params(m) for m in group.members[:4]]
   assert len({jax.tree_util.tree_structure(t) for t in trees}) == 1
+
+
+def test_compute_dtype_and_attention_options():
+  with pytest.raises(ValueError, match="bfloat16"):
+    EXPERIMENT.Config(compute_dtype="float16")
+  with pytest.raises(ValueError, match="reference"):
+    EXPERIMENT.Config(attention="flash")
+  _, cfg = config_lib.make_config(EXPERIMENT, "tiny", [
+      "tasks=2parity", "schemes=mask", "seeds=1", "compute_dtype=bfloat16",
+      "attention=jax"])
+  group = EXPERIMENT.build_group(cfg, "2parity")
+  state = engine.init_state(group)
+  chex.assert_trees_all_equal_dtypes(state.params, jax.tree_util.tree_map(
+      lambda x: x.astype(jnp.float32), state.params))  # Params stay float32.
+  hparams = optim.stack_hparams([m.hparams for m in group.members])
+  state, loss_K = engine.make_train_chunk(group, 2)(state, hparams, group.train_data)
+  assert np.all(np.isfinite(np.asarray(loss_K)))

@@ -146,3 +146,19 @@ def test_token_transformer_bad_config_and_inputs():
     _small_model().init(jax.random.key(0), jnp.ones((B, 15)))
   with pytest.raises(ValueError, match="readout"):
     _small_model(readout="mean").init(jax.random.key(0), x)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_readout():
+  """`dtype=bfloat16` runs the projection and MLP matmuls in bf16 on the same float32
+  params; the output stays float32 and close to the float32 model's."""
+  tokens = boolean_tokens(jax.random.choice(jax.random.key(0), jnp.array([-1, 1]), (8, 6)))
+  f32 = TokenTransformer(width=32, depth=2, num_heads=2, head_dim=16, mlp_dim=32)
+  bf16 = f32.clone(dtype=jnp.bfloat16)
+  params = f32.init(jax.random.key(1), tokens)["params"]
+  chex.assert_trees_all_equal_shapes_and_dtypes(
+      params, bf16.init(jax.random.key(1), tokens)["params"])
+  out_f32, out_bf16 = f32.apply({"params": params}, tokens), bf16.apply({"params": params},
+                                                                        tokens)
+  assert out_bf16.dtype == jnp.float32
+  assert not np.array_equal(out_f32, out_bf16)  # The matmuls did run in bf16.
+  np.testing.assert_allclose(out_bf16, out_f32, atol=0.05 * float(jnp.abs(out_f32).max()))

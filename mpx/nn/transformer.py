@@ -9,7 +9,7 @@ because the baselines' collapse onto the min-degree interpolator depends on init
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,14 +30,15 @@ def boolean_tokens(x_BN: jax.Array) -> jax.Array:
 class Mlp(nn.Module):
   hidden: int
   init_style: str = "torch"
+  dtype: Any = None  # Matmul compute dtype; params stay float32.
 
   @nn.compact
   def __call__(self, x):
     width = x.shape[-1]
     kw = lambda fan_in: initializers.dense_inits(self.init_style, fan_in)
-    x = nn.Dense(self.hidden, name="fc1", **kw(width))(x)
+    x = nn.Dense(self.hidden, dtype=self.dtype, name="fc1", **kw(width))(x)
     x = nn.gelu(x, approximate=False)  # PyTorch nn.GELU() is the exact erf form.
-    return nn.Dense(width, name="fc2", **kw(self.hidden))(x)
+    return nn.Dense(width, dtype=self.dtype, name="fc2", **kw(self.hidden))(x)
 
 
 def _layer_norm(name: str) -> nn.LayerNorm:
@@ -53,12 +54,13 @@ class Block(nn.Module):
   make_attention: Callable[..., MaskedSelfAttention]
   mlp_dim: int
   init_style: str = "torch"
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x_BND, padding_mask_BN=None):
     attention = self.make_attention(name="attention")
     x_BND = x_BND + attention(_layer_norm("attention_norm")(x_BND), padding_mask_BN)
-    mlp = Mlp(self.mlp_dim, self.init_style, name="mlp")
+    mlp = Mlp(self.mlp_dim, self.init_style, self.dtype, name="mlp")
     return x_BND + mlp(_layer_norm("mlp_norm")(x_BND))
 
 
@@ -76,6 +78,9 @@ class TokenTransformer(nn.Module):
     per_head_mask, mask_init, learnable_mask: see `MaskedSelfAttention`. `mask_init`
       sees the full sequence length N (CLS included).
     causal: hard causal attention (LM use).
+    dtype: compute dtype of the projection and MLP matmuls (e.g. `jnp.bfloat16` on GPU);
+      None = float32. Params, the residual stream, LayerNorm, the attention logits and
+      softmax, and the readout stay float32.
   """
   vocab_size: int = 2
   width: int = 256
@@ -93,6 +98,7 @@ class TokenTransformer(nn.Module):
   causal: bool = False
   init_style: str = "torch"
   implementation: str = "reference"
+  dtype: Any = None
 
   def _check_config(self):
     if self.readout not in READOUTS:
@@ -130,8 +136,9 @@ class TokenTransformer(nn.Module):
           MaskedSelfAttention, self.num_heads, self.head_dim, use_mask=i in masked_layers,
           per_head_mask=self.per_head_mask, mask_init=self.mask_init,
           learnable_mask=self.learnable_mask, causal=self.causal,
-          init_style=self.init_style, implementation=self.implementation)
-      x_BND = Block(make_attention, self.mlp_dim, self.init_style, name=f"block_{i}")(
+          init_style=self.init_style, implementation=self.implementation, dtype=self.dtype)
+      x_BND = Block(make_attention, self.mlp_dim, self.init_style, self.dtype,
+                    name=f"block_{i}")(
           x_BND, padding_mask_BN)
 
     x_BND = _layer_norm("final_norm")(x_BND)
