@@ -25,20 +25,22 @@ import sys
 import tempfile
 import time
 
+import jax
+
 import run as bench  # benchmarks/run.py (puts the repository on sys.path).
 
-OP = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) (\w[\w-]*)\(')
+OP = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) [\w-]+\(')
 OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
-def hlo_ops(compiled) -> dict[str, tuple[str, str, str]]:
-  """Instruction name → (shape, opcode, jax op_name) of the compiled entry and bodies."""
+def hlo_ops(compiled) -> dict[str, tuple[str, str]]:
+  """Instruction name → (shape, jax op_name) of the compiled entry and bodies."""
   ops = {}
   for line in compiled.as_text().splitlines():
     m = OP.match(line)
     if m:
       source = OP_NAME.search(line)
-      ops[m.group(1)] = (m.group(2), m.group(3), source.group(1) if source else "")
+      ops[m.group(1)] = (m.group(2), source.group(1) if source else "")
   return ops
 
 
@@ -63,24 +65,18 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=8)
   parser.add_argument("--top", type=int, default=12)
   args = parser.parse_args(argv)
-  import jax
-  from mpx.sweep import engine, optim
-
-  group = bench.make_group(args.scale, args.members)
-  hparams = optim.stack_hparams([m.hparams for m in group.members])
-  state = engine.init_state(group)
-  chunk = engine.make_train_chunk(group, args.steps).lower(state, hparams,
-                                                          group.train_data).compile()
+  chunk, state, hparams, data, _ = bench.compiled_chunk(args.scale, args.members,
+                                                         args.steps)
   ops = hlo_ops(chunk)
-  state, loss = chunk(state, hparams, group.train_data)
+  state, loss = chunk(state, hparams, data)
   jax.block_until_ready(loss)
   start = time.perf_counter()
-  state, loss = chunk(state, hparams, group.train_data)
+  state, loss = chunk(state, hparams, data)
   jax.block_until_ready(loss)
   wall = time.perf_counter() - start
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir):
-      state, loss = chunk(state, hparams, group.train_data)
+      state, loss = chunk(state, hparams, data)
       jax.block_until_ready(loss)
     seconds = traced_op_seconds(trace_dir, ops)
 
@@ -100,7 +96,7 @@ def main(argv=None):
     print(f"| {name} | {s / member_steps * 1e3:.3f} | {s / total:.1%} |")
   print("\n| op | shape | from | ms per member-step |\n|---|---|---|---|")
   for name, s in seconds.most_common(args.top):
-    shape, _, op_name = ops[name]
+    shape, op_name = ops[name]
     source = "/".join(op_name.split("/")[-3:])
     print(f"| {name} | `{shape}` | {source} | {s / member_steps * 1e3:.3f} |")
 

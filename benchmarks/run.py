@@ -175,29 +175,35 @@ def xla_flops(compiled) -> float:
   return float(cost.get("flops", 0.0))
 
 
-def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
-  """K members in one `jit(scan(vmap(step)))` chunk: one warm-up chunk, then `repeats`.
-
-  XLA's cost analysis counts a scan's body once (checked: the same FLOPs for 1, 2 and 8
-  steps per chunk), so its FLOPs / K are per member-step.
-  """
+def compiled_chunk(scale: str, members: int, steps: int):
+  """The benchmarked program, K members × `steps` steps compiled, with its inputs:
+  `(chunk, state, hparams, data, compile seconds)`."""
   group = make_group(scale, members)
   hparams = optim.stack_hparams([m.hparams for m in group.members])
   state = engine.init_state(group)
   start = time.perf_counter()
   chunk = engine.make_train_chunk(group, steps).lower(state, hparams, group.train_data)
   chunk = chunk.compile()
-  compile_s = time.perf_counter() - start
+  return chunk, state, hparams, group.train_data, time.perf_counter() - start
+
+
+def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
+  """K members in one `jit(scan(vmap(step)))` chunk: one warm-up chunk, then `repeats`.
+
+  XLA's cost analysis counts a scan's body once (checked: the same FLOPs for 1, 2 and 8
+  steps per chunk), so its FLOPs / K are per member-step.
+  """
+  chunk, state, hparams, data, compile_s = compiled_chunk(scale, members, steps)
   gflop = xla_flops(chunk) / members / 1e9
   need, have = needed_gib(chunk), available_gib()
   if need > have:  # Skip rather than have the OOM killer end the whole run.
     return Row(scale, "mpx vmapped", members, float("nan"), compile_s, gflop,
                f"skipped: needs {_size(need)}, {_size(have)} available")
-  state, loss = chunk(state, hparams, group.train_data)
+  state, loss = chunk(state, hparams, data)
   jax.block_until_ready(loss)
   start = time.perf_counter()
   for _ in range(repeats):
-    state, loss = chunk(state, hparams, group.train_data)
+    state, loss = chunk(state, hparams, data)
   jax.block_until_ready(loss)
   seconds = time.perf_counter() - start
   assert np.all(np.isfinite(np.asarray(loss))), "non-finite loss"
