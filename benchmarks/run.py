@@ -90,11 +90,12 @@ def machine_lines() -> list[str]:
   ]
 
 
-def matmul_peak(sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
-  """GFLOP/s of a jitted float32 n³ `jnp.dot`, best of `repeats`, per size."""
+def matmul_peak(sizes: tuple[int, ...], repeats: int,
+                dtype=jnp.float32) -> dict[int, float]:
+  """GFLOP/s of a jitted n³ `jnp.dot` (default precision), best of `repeats`, per size."""
   peaks = {}
   for n in sizes:
-    a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.float32) for i in (0, 1))
+    a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
     dot = jax.jit(jnp.dot)
     jax.block_until_ready(dot(a, b))
     best = float("inf")

@@ -1,0 +1,100 @@
+"""The Boolean GOTU preset end to end against a time budget, with the chip's matmul rate.
+
+    python benchmarks/preset_timing.py --preset paper --budget-s 540      # on the GPU machine
+    python benchmarks/preset_timing.py --preset paper --budget-s 540 --set compute_dtype=bfloat16
+    python benchmarks/preset_timing.py --preset tiny --budget-s 120 --matmul-size 1024  # CPU dry run
+
+What the performance issue's GPU target asks for, in one process: the float32 (default
+precision: TF32 on NVIDIA tensor cores) and bfloat16 rates of an n³ `jnp.dot`, then
+`mpx run boolean_gotu --preset P` in-process, timed from the first group's init to the last
+report. At `--budget-s` the run gets SIGTERM: it finishes its chunk, checkpoints and stops
+(`--resume` continues it), and this script reports how far it got. Achieved FLOP/s =
+member-steps trained × XLA's FLOPs per member-step (cost analysis of the compiled chunk) /
+wall time, so init, compilation and evaluation count against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+
+import run as bench  # benchmarks/run.py (puts the repository on sys.path).
+from mpx import report  # noqa: E402
+from mpx.sweep import config as config_lib  # noqa: E402
+from mpx.sweep import run as run_lib  # noqa: E402
+
+TARGET_S = 600  # The issue: the whole paper preset in under 10 minutes on one H200.
+
+
+def progress(run_dir: pathlib.Path) -> dict[str, tuple[int, int]]:
+  """Group → (members, steps checkpointed). Members come from the step-0 evaluation."""
+  members = collections.defaultdict(set)
+  if (run_dir / report.METRICS_FILE).exists():
+    for r in report.read_metrics(run_dir):
+      members[r["group"]].add(r["member"])
+  steps = run_lib._completed_steps(run_dir)
+  return {g: (len(members[g]), steps.get(g, 0)) for g in sorted(set(members) | set(steps))}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--preset", default="paper")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  parser.add_argument("--budget-s", type=float, default=540.0)
+  parser.add_argument("--matmul-size", type=int, default=8192)
+  parser.add_argument("--out", default="runs/preset_timing")
+  args = parser.parse_args(argv)
+
+  print(f"jax {jax.__version__}, devices: {', '.join(str(d) for d in jax.devices())}; "
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
+  rates = {name: bench.matmul_peak((args.matmul_size,), 5, dtype)[args.matmul_size] / 1e3
+           for name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16))}
+  print(f"matmul {args.matmul_size}³ TFLOP/s: " +
+        ", ".join(f"{k} {v:.1f}" for k, v in rates.items()), flush=True)
+  chunk = bench.compiled_chunk(args.preset, 1, 1)[0]
+  gflop = bench.xla_flops(chunk) / 1e9
+  del chunk
+  print(f"{gflop:.2f} GFLOP per member-step (XLA cost analysis)", flush=True)
+
+  experiment = config_lib.load_experiment(str(bench.ROOT / "experiments" / "boolean_gotu.py"))
+  run_dir = pathlib.Path(args.out)
+  timer = threading.Timer(args.budget_s, os.kill, (os.getpid(), signal.SIGTERM))
+  start = time.perf_counter()
+  timer.start()
+  try:
+    run_lib.run_experiment(experiment, preset=args.preset, overrides=args.set,
+                           out_dir=str(run_dir), resume=False)
+    finished = True
+  except run_lib.Preempted as e:
+    print(e, flush=True)
+    finished = False
+  finally:
+    timer.cancel()
+  wall = time.perf_counter() - start
+
+  done = progress(run_dir)
+  member_steps = sum(k * s for k, s in done.values())
+  achieved = member_steps * gflop / wall / 1e3
+  print(f"\n`python benchmarks/preset_timing.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n")
+  print("| group | members | steps done |\n|---|---|---|")
+  for g, (k, s) in done.items():
+    print(f"| {g} | {k} | {s} |")
+  print(f"\n- {'finished' if finished else 'stopped at the budget'} after {wall:.0f} s "
+        f"(target: the whole preset in < {TARGET_S} s: "
+        f"{'PASS' if finished and wall < TARGET_S else 'FAIL'})")
+  print(f"- {member_steps:,} member-steps × {gflop:.3g} GFLOP / {wall:.0f} s = "
+        f"{achieved:.3g} TFLOP/s end to end, " +
+        ", ".join(f"{achieved / r:.0%} of the {k} matmul rate" for k, r in rates.items()))
+
+
+if __name__ == "__main__":
+  main()
