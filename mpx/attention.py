@@ -86,8 +86,10 @@ def attention_logits(q: Array, k: Array, mask_logits: Array | None = None) -> Ar
   """`q·kᵀ/√d + log σ(M)` in float32, shaped `[..., H, Nq, Nk]`."""
   _check_qkv(q, k, k)
   q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
-  logits = jnp.einsum("...qhd,...khd->...hqk", q, k,
-                      preferred_element_type=jnp.float32)
+  # Heads-first operands: XLA:CPU runs this batched dot ~2.5x faster forward than the
+  # tokens-first einsum (`benchmarks/README.md`).
+  logits = jnp.einsum("...hqd,...hkd->...hqk", jnp.swapaxes(q, -2, -3),
+                      jnp.swapaxes(k, -2, -3), preferred_element_type=jnp.float32)
   if mask_logits is not None:
     logits = logits + _bias_BHNN(mask_logits, q.shape[-2], q.shape[-3], k.shape[-3])
   return logits
@@ -141,9 +143,9 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
     raise ValueError(
         f"unknown implementation {implementation!r}; choose one of {IMPLEMENTATIONS}.")
   probs = attention_weights(q, k, mask_logits, causal=causal, padding_mask=padding_mask)
-  out = jnp.einsum("...hqk,...khd->...qhd", probs.astype(v.dtype), v,
+  out = jnp.einsum("...hqk,...hkd->...hqd", probs.astype(v.dtype), jnp.swapaxes(v, -2, -3),
                    preferred_element_type=jnp.float32)
-  return out.astype(v.dtype)
+  return jnp.swapaxes(out, -2, -3).astype(v.dtype)
 
 
 def _masked_attention_jax(q, k, v, mask_logits, causal, padding_mask):
