@@ -41,7 +41,7 @@ def progress(run_dir: pathlib.Path) -> dict[str, tuple[int, int]]:
   if (run_dir / report.METRICS_FILE).exists():
     for r in report.read_metrics(run_dir):
       members[r["group"]].add(r["member"])
-  steps = run_lib._completed_steps(run_dir)
+  steps = run_lib.completed_steps(run_dir)
   return {g: (len(members[g]), steps.get(g, 0)) for g in sorted(set(members) | set(steps))}
 
 
@@ -65,7 +65,7 @@ def main(argv=None):
   del chunk
   print(f"{gflop:.2f} GFLOP per member-step (XLA cost analysis)", flush=True)
 
-  experiment = config_lib.load_experiment(str(bench.ROOT / "experiments" / "boolean_gotu.py"))
+  experiment = config_lib.load_experiment(str(bench.EXPERIMENT))
   run_dir = pathlib.Path(args.out)
   timer = threading.Timer(args.budget_s, os.kill, (os.getpid(), signal.SIGTERM))
   start = time.perf_counter()

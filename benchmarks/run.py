@@ -40,6 +40,7 @@ from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import engine, optim  # noqa: E402
 
 README = ROOT / "benchmarks" / "README.md"
+EXPERIMENT = ROOT / "experiments" / "boolean_gotu.py"
 BEGIN, END = "<!-- run.py results: begin -->", "<!-- run.py results: end -->"
 STEPS = {"quick": 32, "paper": 4}  # Timed steps per chunk when --steps is not given.
 TARGETS = {"paper_vs_torch": 1.5, "paper_peak": 0.60, "quick_vmap_vs_loop": 4.0}
@@ -111,7 +112,7 @@ def matmul_peak(sizes: tuple[int, ...], repeats: int,
 
 
 def experiment_config(scale: str, members: int):
-  experiment = config_lib.load_experiment(str(ROOT / "experiments" / "boolean_gotu.py"))
+  experiment = config_lib.load_experiment(str(EXPERIMENT))
   _, cfg = config_lib.make_config(experiment, scale)
   cfg = dataclasses.replace(cfg, tasks=("2parity",), schemes=("mask",), seeds=members)
   return experiment, cfg

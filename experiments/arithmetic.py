@@ -11,9 +11,9 @@ Expect (quick: a 2-layer width-32 decoder, 800 steps of batch 64 on 4,000 additi
 30,000 multiplications, plain answers) addition sequence accuracy mask ≈ 92% ± 2 >
 QK-Opt ≈ 53% ± 43 > default ≈ 1.1% ≈ QK-SVD ≈ 0.7% (seeds 0–1; over 4 seeds 91.57 ±
 1.55 / 50.47 ± 41.54 / 0.94 ± 0.13 / 0.62 ± 0.25). Multiplication is not learned by any
-scheme at this scale (sequence accuracy 0.2–0.3%, digit accuracy ≈ 43%, QK-SVD ≈ 37%). The paper reports
-1.19% (default) → 77.49% (mask) for addition at 0.4% of the 10^6 problems and 5.01% →
-69.49% for multiplication at 3%, QK-SVD and QK-Opt in between. Measured fraction sweeps
+scheme at this scale (sequence accuracy 0.2–0.3%, digit accuracy ≈ 43%, QK-SVD ≈ 37%).
+The paper reports 1.19% (default) → 77.49% (mask) for addition at 0.4% of the 10^6
+problems and 5.01% → 69.49% for multiplication at 3%, QK-SVD and QK-Opt in between. Measured fraction sweeps
 and both answer formats: experiments/results/arithmetic_quick.md.
 
 The paper gives no more of the setup; mpx's (see mpx/tasks/arithmetic.py): character

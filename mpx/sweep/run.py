@@ -122,7 +122,7 @@ def _check_resume_config(run_dir: pathlib.Path, saved: dict) -> None:
                      f"(experiment/preset or keys {keys}); use the same --preset and --set.")
 
 
-def _completed_steps(run_dir: pathlib.Path) -> dict[str, int]:
+def completed_steps(run_dir: pathlib.Path) -> dict[str, int]:
   """Each group's latest checkpointed step: the metrics to keep on resume."""
   steps = {}
   root = run_dir / "checkpoints"
@@ -173,7 +173,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                   "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
   if resume:
     _check_resume_config(run_dir, saved_config)
-    completed = _completed_steps(run_dir)
+    completed = completed_steps(run_dir)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:
     keep = None
