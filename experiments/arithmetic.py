@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mpx import schemes
+from mpx.schemes import QK_POS_SCALE
 from mpx.nn import TokenTransformer, causal_decoder, greedy_decode
 from mpx.sweep import engine, optim
 from mpx.sweep.config import SweepConfig
@@ -92,6 +93,7 @@ class Config(SweepConfig):
   per_head_mask: bool = True
   mask_layers: tuple[int, ...] | None = None
   qk_opt_steps: int = 10_000
+  qk_pos_scale: float = QK_POS_SCALE
   test_size: int = 10_000
   eval_batch: int = 2000
 
@@ -114,7 +116,7 @@ PRESETS = {
     # One CPU core: ~4 minutes (2 groups × 8 members, 800 steps each, 10,000 test problems).
     "quick": dict(seeds=2, width=32, depth=2, num_heads=2, head_dim=16, mlp_dim=64,
                   batch_size=64, learning_rate=3e-3, steps=800, warmup_steps=50,
-                  chunk_steps=100, qk_opt_steps=1000),
+                  chunk_steps=100),
     # Lee et al.'s NanoGPT (6 × 384, 6 heads, ~10.6 M params), 5,000 steps (GPU).
     "paper": dict(seeds=5, chunk_steps=250, eval_every=1000, checkpoint_every=1000,
                   eval_batch=1000),
@@ -202,7 +204,8 @@ def build_group(config: Config, task_name: str, fraction: float) -> engine.Group
       return schemes.set_masks_per_layer(params, {f"block_{i}": prior_NN for i in masked})
     return schemes.apply_scheme(member.scheme, params, prior_NN, jax.random.fold_in(key, 2),
                                 num_heads=config.num_heads, head_dim=config.head_dim,
-                                qk_opt_steps=config.qk_opt_steps)
+                                qk_opt_steps=config.qk_opt_steps,
+                                pos_scale=config.qk_pos_scale)
 
   weights_N = jnp.asarray(arithmetic.loss_weights(task))
 

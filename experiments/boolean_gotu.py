@@ -35,6 +35,7 @@ import numpy as np
 
 from mpx import attention as attention_lib
 from mpx import diagnostics, priors, schemes
+from mpx.schemes import QK_POS_SCALE
 from mpx.nn import TokenTransformer, boolean_tokens
 from mpx.sweep import engine, optim
 from mpx.sweep.config import SweepConfig
@@ -65,6 +66,12 @@ class Config(SweepConfig):
   init_style: "torch" (the GOTU code's init, N(0, 1) embeddings) or "flax" (lecun normal,
     N(0, 0.02) embeddings), a search axis: FINDINGS saw the embedding init move the
     unseen output more than the mask did.
+  qk_pos_scale: the QK schemes scale the position embedding by it (the recipe's ×18), so
+    the layers' real input LayerNorm(token + pos) is close to the pseudo-input the
+    pattern is fitted on: at the cpu scale QK-Opt then puts 0.94–0.95 of its attention
+    on its pattern at init on training inputs (0.53–0.79 with 1).
+  probe_size: cube points (seen and unseen in proportion, seeded) the persistence
+    diagnostics run on.
   compute_dtype: "float32" or "bfloat16" (projection and MLP matmuls only; logits,
     softmax, LayerNorm and params stay float32): bf16 is for GPUs, slow on CPU.
   attention: "reference" or "jax" (`jax.nn.dot_product_attention` with the mask as a
@@ -89,7 +96,9 @@ class Config(SweepConfig):
   designs: tuple[str, ...] = ("clique",)
   init_style: str = "torch"
   qk_opt_steps: int = 10_000
+  qk_pos_scale: float = QK_POS_SCALE
   eval_points_per_call: int = 8192
+  probe_size: int = 128
   compute_dtype: str = "float32"
   attention: str = "reference"
 
@@ -101,6 +110,14 @@ class Config(SweepConfig):
     if self.attention not in attention_lib.IMPLEMENTATIONS:
       raise ValueError(f"attention={self.attention!r}; choose from "
                        f"{attention_lib.IMPLEMENTATIONS}.")
+    if self.learning_rate is not None and not self.learning_rate > 0:
+      raise ValueError(f"learning_rate={self.learning_rate} must be > 0 (or none for the "
+                       "GOTU protocol's per-task value).")
+    if self.epochs is not None and self.epochs < 1:
+      raise ValueError(f"epochs={self.epochs} must be >= 1 (or none for the GOTU "
+                       "protocol's per-task value).")
+    if not self.probe_size >= 8:
+      raise ValueError(f"probe_size={self.probe_size} must be >= 8.")
     unknown = [t for t in self.tasks if t not in TASK_PROTOCOL]
     if unknown:
       raise ValueError(f"unknown tasks {unknown}; choose from {tuple(TASK_PROTOCOL)}.")
@@ -192,8 +209,7 @@ def _last_layer_only(task, strength, depth, num_heads):
 def _asymmetric(allowed_strength: float, suppressed_strength: float):
   def design(task, strength, depth, num_heads):
     del strength  # The design fixes both strengths.
-    allowed = _adjacency(task) if task != "majority3" else _adjacency(
-        task, self_attention=False, cls_row="self")
+    allowed = np.asarray(task_prior(task, 1.0)) > 0
     return _every_layer(priors.from_adjacency(allowed, allowed_strength,
                                               suppressed_strength), depth)
   design.__doc__ = (f"The clique at +{allowed_strength:g} / −{suppressed_strength:g}: "
@@ -321,37 +337,42 @@ def make_model(config: Config) -> TokenTransformer:
 
 
 def _member_hparams(config: Config, task: str, scheme: str) -> dict[str, float]:
-  lr = config.learning_rate or TASK_PROTOCOL[task][0]
+  lr = TASK_PROTOCOL[task][0] if config.learning_rate is None else config.learning_rate
   return {"learning_rate": lr, "weight_decay": config.weight_decay,
           "mask_strength": config.mask_strength,
           "mask_lr_multiplier": config.mask_lr_multiplier if scheme == "mask" else 0.0}
 
 
-def _persistence(model, loss_fn, params, initial, probe, allowed, fidelity_init) -> dict:
+def _persistence(model, loss_fn, params, initial, probe, patterns, fidelity_init) -> dict:
   """Per-layer drift, fidelity and gradient norms, plus their means over layers (and the
-  fidelity at init) as flat metrics for the summary's persistence table."""
+  fidelity at init) as flat metrics for the summary's persistence table. Fidelity is
+  reported on the whole probe and on its seen and unseen parts; gradients are those of
+  the loss on the probe's seen points (the training domain)."""
   first_last = ("block_0", f"block_{model.depth - 1}")
-  layers = diagnostics.persistence_metrics(model.apply, loss_fn, params, initial,
-                                           (boolean_tokens(probe["x"]),), probe, allowed,
-                                           map_layers=first_last)
+  seen = {"x": probe["x"][probe["seen"]], "y": probe["y"][probe["seen"]]}
+  layers = diagnostics.persistence_metrics(
+      model.apply, loss_fn, params, initial, (boolean_tokens(probe["x"]),), seen, patterns,
+      map_layers=first_last, example_groups={"seen": probe["seen"], "unseen": ~probe["seen"]})
   mean = lambda key: float(np.mean([v[key] for v in layers.values() if key in v]))
   out = {"layers": layers, "fidelity": mean("fidelity"), "fidelity_init": fidelity_init,
+         "fidelity_seen": mean("fidelity_seen"), "fidelity_unseen": mean("fidelity_unseen"),
          "drift_qk": float(np.mean([mean("drift_query"), mean("drift_key")])),
-         "prior_pattern": np.asarray(allowed, int).tolist()}
+         # The last layer's pattern, as the share of heads allowing each pair (heatmaps).
+         "prior_pattern": np.asarray(patterns[first_last[-1]]).mean(0).round(4).tolist()}
   if any("drift_mask" in v for v in layers.values()):
     out["drift_mask"] = mean("drift_mask")
   return out
 
 
 def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_fn=None,
-                  initial_params=None, allowed=None, probe_size: int = 128):
+                  initial_params=None, patterns=None, probe_size: int = 128):
   """Host evaluation: each member's function on the whole cube, then its metrics; with
-  `initial_params` (member index → params at init) also the persistence diagnostics on a
-  fixed probe batch of cube points."""
+  `initial_params` (member index → params at init) and `patterns` (member index →
+  {layer: allowed [H, N, N]}, the member's own prior) also the persistence diagnostics
+  on a seeded probe of cube points (`boolean.probe_points`)."""
   x_cube, y_cube = boolean.make_splits(task, 0)["test"]
-  stride = len(x_cube) // probe_size
-  probe = {"x": jnp.asarray(x_cube[::stride][:probe_size]),
-           "y": jnp.asarray(y_cube[::stride][:probe_size])}
+  x_probe, y_probe, seen_probe = boolean.probe_points(task, probe_size, seed=0)
+  probe = {"x": jnp.asarray(x_probe), "y": jnp.asarray(y_probe), "seen": seen_probe}
   mdi = boolean.mdi_values(task)
   unseen = ~task.seen(x_cube)
   tokens = boolean_tokens(x_cube)
@@ -372,9 +393,10 @@ def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_f
       if initial_params is not None:
         if i not in fidelity_init:  # Constant per member: measured once.
           fidelity_init[i] = _persistence(model, loss_fn, initial_params[i],
-                                          initial_params[i], probe, allowed, None)["fidelity"]
+                                          initial_params[i], probe, patterns[i],
+                                          None)["fidelity"]
         m |= _persistence(model, loss_fn, engine.unstack(params_K, i), initial_params[i],
-                          probe, allowed, fidelity_init[i])
+                          probe, patterns[i], fidelity_init[i])
       m["unseen_mean_output"] = float(pred[unseen].mean())
       coeffs = boolean.fourier_coefficients(pred, task.n_bits)
       m["degree_profile"] = boolean.degree_profile(coeffs, task.n_bits).round(6).tolist()
@@ -384,6 +406,24 @@ def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_f
     return results
 
   return evaluate
+
+
+def member_patterns(config: Config, task: str, label: str, design: str | None
+                    ) -> dict[str, np.ndarray]:
+  """{layer: allowed [H, N, N]}: the pattern a member's fidelity is scored on. A mask
+  member is scored on its own design's prior in each layer (a layer the design leaves
+  neutral allows everything); the others on the task's prior, which the QK schemes
+  realise and the default init is compared against."""
+  heads = config.num_heads
+  if label.partition(":")[0] == "mask":
+    layers = mask_design(design, task, config.mask_strength, config.depth, heads)
+    if config.mask_layers is not None:  # Layers without a mask leaf carry no prior.
+      layers = [p if i in config.mask_layers else priors.neutral(N_TOKENS)
+                for i, p in enumerate(layers)]
+  else:
+    layers = [task_prior(task, config.mask_strength)] * config.depth
+  return {f"block_{i}": np.broadcast_to(np.asarray(p) > 0, (heads, N_TOKENS, N_TOKENS))
+          for i, p in enumerate(layers)}
 
 
 def build_group(config: Config, task_name: str) -> engine.Group:
@@ -416,7 +456,8 @@ def build_group(config: Config, task_name: str) -> engine.Group:
     prior = task_prior(task_name, strength)
     return schemes.apply_scheme(scheme, params, prior, jax.random.fold_in(key, 2),
                                 num_heads=config.num_heads, head_dim=config.head_dim,
-                                qk_opt_steps=config.qk_opt_steps)
+                                qk_opt_steps=config.qk_opt_steps,
+                                pos_scale=config.qk_pos_scale)
 
   def loss_fn(params, batch):
     pred = model.apply({"params": params}, boolean_tokens(batch["x"]))[:, 0]
@@ -425,13 +466,14 @@ def build_group(config: Config, task_name: str) -> engine.Group:
   splits = [boolean.make_splits(task, m.seed)["train"] for m in members]
   train_data = {"x": jnp.asarray(np.stack([x for x, _ in splits])),
                 "y": jnp.asarray(np.stack([y for _, y in splits]))}
-  epochs = config.epochs or TASK_PROTOCOL[task_name][1]
+  epochs = TASK_PROTOCOL[task_name][1] if config.epochs is None else config.epochs
   steps = epochs * (train_data["x"].shape[1] // config.batch_size)
   return engine.Group(
       name=task_name, members=members, init_params=init_params, loss_fn=loss_fn,
       train_data=train_data,
       evaluate=make_evaluate(model, task, config.eval_points_per_call, loss_fn, initial_params,
-                             task_prior(task_name, config.mask_strength) > 0),
+                             [member_patterns(config, task_name, m.scheme, designs[m.scheme])
+                              for m in members], config.probe_size),
       steps=steps, batch_size=config.batch_size, sampling="epoch",
       optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))
 

@@ -4,7 +4,8 @@ The paper's claim is about persistence: a QK prior is overwritten, a mask prior 
 These pure functions measure it per layer on one member's params, so every scheme is
 compared on the same quantities:
   drift      ‖θ_t − θ_0‖ / ‖θ_0‖ of the mask and of the query/key kernels;
-  fidelity   attention mass on the prior's allowed pairs, on a fixed probe batch;
+  fidelity   attention mass on the prior's allowed pairs, on a fixed probe batch that
+             represents the data (both GOTU domains, in proportion);
   grad norms of the mask and of the query/key kernels (Theorem 1: the mask's gradient is
              bounded by p·σ(−m), QK gradients scale with feature norms).
 """
@@ -48,8 +49,13 @@ def _grad_norms(grads: PyTree) -> dict[str, dict[str, jax.Array]]:
 
 
 def _mass_on(weights_BHNN: jax.Array, allowed: jax.Array) -> jax.Array:
+  return jnp.mean(_mass_per_example(weights_BHNN, allowed))
+
+
+def _mass_per_example(weights_BHNN: jax.Array, allowed: jax.Array) -> jax.Array:
+  """`[B]`: each example's attention mass on the allowed pairs, mean over heads, queries."""
   allowed = jnp.broadcast_to(jnp.asarray(allowed, bool), weights_BHNN.shape[-3:])
-  return jnp.mean(jnp.sum(jnp.where(allowed, weights_BHNN, 0.0), axis=-1))
+  return jnp.mean(jnp.sum(jnp.where(allowed, weights_BHNN, 0.0), axis=-1), axis=(-2, -1))
 
 
 def _to_floats(tree) -> Any:
@@ -105,26 +111,45 @@ def _persistence_arrays(apply_fn, loss_fn, params, initial, probe_inputs, probe_
   Flax applies and grads cost seconds per member on CPU). `apply_fn` and `loss_fn` are
   static: pass the same callables every evaluation so it compiles once."""
   maps = attention_maps(apply_fn, params, *probe_inputs)
+  pattern = lambda layer: allowed[layer] if isinstance(allowed, dict) else allowed
   return (_drift(params, initial), _grad_norms(jax.grad(loss_fn)(params, probe_batch)),
-          {layer: _mass_on(w, allowed) for layer, w in maps.items()},
+          {layer: _mass_per_example(w, pattern(layer)) for layer, w in maps.items()},
           {layer: jnp.mean(w, axis=(0, 1)) for layer, w in maps.items()})
 
 
 def persistence_metrics(apply_fn: Callable, loss_fn: Callable, params: PyTree,
                         initial: PyTree, probe_inputs: Sequence, probe_batch: Mapping,
-                        allowed: jax.Array, map_layers: Sequence[str] = ()
+                        allowed: jax.Array | Mapping[str, jax.Array],
+                        map_layers: Sequence[str] = (),
+                        example_groups: Mapping[str, np.ndarray] | None = None
                         ) -> dict[str, dict[str, Any]]:
   """All diagnostics of one member, per layer: drift, fidelity and gradient norms, and
-  for the layers in `map_layers` the mean attention map (batch and heads, 4 decimals)."""
-  drift, grads, fidelity, maps = jax.device_get(_persistence_arrays(
-      apply_fn, loss_fn, params, initial, tuple(probe_inputs), dict(probe_batch),
-      jnp.asarray(allowed, bool)))
+  for the layers in `map_layers` the mean attention map (batch and heads, 4 decimals).
+
+  The attention maps and fidelity come from `probe_inputs`, the gradients from the loss
+  on `probe_batch` (e.g. only the probe's training-domain points). `allowed` is one
+  pattern (`[N, N]` or `[H, N, N]`) or one per layer name, so a member is scored on its
+  own prior. `example_groups` (name → bool mask over the probe examples) adds
+  `fidelity_<name>`, the fidelity on that part of the probe.
+  """
+  if isinstance(allowed, Mapping):
+    allowed = {layer: jnp.asarray(a, bool) for layer, a in allowed.items()}
+  else:
+    allowed = jnp.asarray(allowed, bool)
+  drift, grads, mass, maps = jax.device_get(_persistence_arrays(
+      apply_fn, loss_fn, params, initial, tuple(probe_inputs), dict(probe_batch), allowed))
   out = {}
   for layer in drift:
     out[layer] = {f"drift_{k}": float(v) for k, v in drift[layer].items()}
     out[layer] |= {f"grad_norm_{k}": float(v) for k, v in grads.get(layer, {}).items()}
-    if layer in fidelity:
-      out[layer]["fidelity"] = float(fidelity[layer])
+    if layer in mass:
+      out[layer]["fidelity"] = float(mass[layer].mean())
+      for name, rows in (example_groups or {}).items():
+        rows = np.asarray(rows, bool)
+        if rows.shape != mass[layer].shape or not rows.any():
+          raise ValueError(f"example group {name!r} must be a non-empty bool mask over "
+                           f"the {mass[layer].shape[0]} probe examples; got {rows.shape}.")
+        out[layer][f"fidelity_{name}"] = float(mass[layer][rows].mean())
       if layer in map_layers:
         out[layer]["attention_map"] = np.round(maps[layer].astype(np.float64), 4).tolist()
   return out

@@ -241,14 +241,18 @@ def _qk_mse_H(wq_DHR, wk_DHR, pseudo_ND, target_HNN):
   return jnp.mean(jnp.square(probs_HNN - target_HNN), axis=(1, 2))
 
 
-def _mean_col_norm_H(w_DHR: Array) -> Array:
-  return jnp.sqrt(jnp.sum(jnp.square(w_DHR), axis=0)).mean(-1)
+def _column_norms(w_DHR: Array, axis: int) -> Array:
+  return jnp.sqrt(jnp.sum(jnp.square(w_DHR), axis=axis, keepdims=True))
 
 
-def _renorm_columns(w_DHR: Array, col_norm_H: Array) -> Array:
-  """Sets every column (one per head and head dim) to the given norm."""
-  norm_1HR = jnp.sqrt(jnp.sum(jnp.square(w_DHR), axis=0, keepdims=True))
-  return w_DHR * (col_norm_H[None, :, None] / jnp.maximum(norm_1HR, 1e-30))
+def _renorm_qk(wq_DHR: Array, wk_DHR: Array, norm: Array) -> tuple[Array, Array]:
+  """Every column of W_q (`[D, R]` per head: length D) and of W_k (`[R, D]` per head:
+  length R) set to `norm`. In mpx's `[D, H, R]` layout that is the D axis for W_q and
+  the R axis for W_k, as the reference renormalises `Q.norm(dim=1)`, `K.norm(dim=1)` of
+  its `[H, D, R]` and `[H, R, D]` tensors."""
+  wq_DHR = wq_DHR * (norm / jnp.maximum(_column_norms(wq_DHR, 0), 1e-30))
+  wk_DHR = wk_DHR * (norm / jnp.maximum(_column_norms(wk_DHR, -1), 1e-30))
+  return wq_DHR, wk_DHR
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "renorm_every"))
@@ -256,7 +260,7 @@ def _qk_opt_run(wq_DHR, wk_DHR, pseudo_ND, target_HNN, learning_rate, *,
                 steps: int, renorm_every: int):
   opt = optax.adam(learning_rate)
   params = (wq_DHR, wk_DHR)
-  col_norms = (_mean_col_norm_H(wq_DHR), _mean_col_norm_H(wk_DHR))
+  norm = jnp.mean(_column_norms(wq_DHR, 0))  # W_q's initial mean column norm.
 
   def loss_fn(params):
     # Heads are independent and Adam is elementwise, so summing the per-head
@@ -265,14 +269,11 @@ def _qk_opt_run(wq_DHR, wk_DHR, pseudo_ND, target_HNN, learning_rate, *,
 
   def body(i, carry):
     params, opt_state = carry
+    params = jax.lax.cond(i % renorm_every == 0, lambda p: _renorm_qk(*p, norm),
+                          lambda p: p, params)
     grads = jax.grad(loss_fn)(params)
     updates, opt_state = opt.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    do_renorm = (i + 1) % renorm_every == 0
-    params = jax.tree.map(
-        lambda w, c: jnp.where(do_renorm, _renorm_columns(w, c), w),
-        params, col_norms)
-    return params, opt_state
+    return optax.apply_updates(params, updates), opt_state
 
   params, _ = lax.fori_loop(0, steps, body, (params, opt.init(params)))
   return params
@@ -286,11 +287,11 @@ def qk_opt(pattern_HNN: Array, pseudo_ND: Array, head_dim: int, key: Array, *,
 
   Starts from `qk_opt_init(key, ...)`, minimises the per-head MSE (`qk_mse`,
   target from `qk_target`) with Adam for `steps` iterations, all heads at once
-  in one jitted `fori_loop`. Every `renorm_every` iterations (counting from 1,
-  so the returned weights are renormed when `renorm_every` divides `steps`)
-  each column of W_q, W_k is reset to that matrix's initial mean column norm
-  (per head): the fit has to come from directions, not from growing weights,
-  which keeps the logits at a trainable scale.
+  in one jitted `fori_loop`. Before iterations 0, `renorm_every`, 2·`renorm_every`, …
+  (as the public reference does) every column of W_q (length D) and of W_k (length R,
+  W_k being `[R, D]` per head) is reset to W_q's initial mean column norm: the fit has
+  to come from directions, not from growing weights, which keeps the logits at a
+  trainable scale. The iterations after the last reset are not renormalised.
 
   Returns `(wq_DHR, wk_DHR)`.
   """

@@ -6,7 +6,10 @@ members with different schemes stack and train in one compiled program:
   mask:    the prior written into every `mask_logits` leaf (`set_masks_per_layer` writes
            one prior per layer).
   qk_svd / qk_opt: the prior's allowed pattern realised in W_Q, W_K of every layer on
-           the pseudo-input LayerNorm(position embedding); neutral mask.
+           the pseudo-input LayerNorm(position embedding); neutral mask. As in the
+           recipe (PAPER.md), the position embedding is scaled (×18) with them: the
+           layers see LayerNorm(token + pos), and only a dominant position term makes
+           that input look like the pseudo-input the pattern was fitted on.
 Schemes without a mask prior should train with `mask_lr_multiplier = 0` so the neutral
 mask stays frozen.
 """
@@ -78,9 +81,16 @@ def pattern_from_prior(prior, num_heads: int) -> jax.Array:
   return jnp.broadcast_to(allowed, (num_heads,) + allowed.shape[-2:])
 
 
+QK_POS_SCALE = 18.0  # The recipe's position-embedding scale for the QK schemes.
+
+
 def apply_scheme(scheme: str, params, prior, key, *, num_heads: int, head_dim: int,
-                 qk_opt_steps: int = 10_000):
-  """Returns `params` initialised by `scheme`; `prior` is the task's mask prior."""
+                 qk_opt_steps: int = 10_000, pos_scale: float = QK_POS_SCALE):
+  """Returns `params` initialised by `scheme`; `prior` is the task's mask prior.
+
+  `pos_scale` multiplies the `pos_embed` param of the QK schemes (1 = leave it); the
+  pseudo-input LayerNorm(pos) does not depend on it, the model's real input does.
+  """
   if scheme not in SCHEMES:
     raise ValueError(f"unknown scheme {scheme!r}; choose one of {SCHEMES}.")
   if scheme == "mask":
@@ -88,6 +98,12 @@ def apply_scheme(scheme: str, params, prior, key, *, num_heads: int, head_dim: i
   params = set_masks(params, priors.neutral(prior.shape[-1]))
   if scheme == "default":
     return params
+  if "pos_embed" not in params:
+    raise ValueError(f"scheme {scheme!r} fits W_Q, W_K on LayerNorm(pos_embed), but the "
+                     f"model has no top-level 'pos_embed' param (it has {sorted(params)}).")
+  if not pos_scale > 0:
+    raise ValueError(f"pos_scale must be > 0; got {pos_scale}.")
+  params = dict(params, pos_embed=params["pos_embed"] * pos_scale)
   pseudo_ND = inits.pseudo_input(params["pos_embed"])
   pattern_HNN = pattern_from_prior(prior, num_heads)
   if scheme == "qk_svd":

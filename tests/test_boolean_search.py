@@ -105,3 +105,25 @@ def test_compute_dtype_and_attention_options():
   hparams = optim.stack_hparams([m.hparams for m in group.members])
   state, loss_K = engine.make_train_chunk(group, 2)(state, hparams, group.train_data)
   assert np.all(np.isfinite(np.asarray(loss_K)))
+
+
+@pytest.mark.parametrize("design", ["partner_only", "first_layer_only", "half_heads"])
+def test_members_are_scored_on_their_own_design(design):
+  """A design's fidelity counts the pairs *its* prior allows, layer by layer and head by
+  head, not the clique's."""
+  config = EXPERIMENT.Config(**EXPERIMENT.PRESETS["search"])
+  label = f"mask:{design}"
+  patterns = EXPERIMENT.member_patterns(config, "2parity", label, design)
+  layers = EXPERIMENT.mask_design(design, "2parity", config.mask_strength, config.depth,
+                                  config.num_heads)
+  assert sorted(patterns) == [f"block_{i}" for i in range(config.depth)]
+  clique = np.asarray(EXPERIMENT.task_prior("2parity", 4.0)) > 0
+  for i, prior in enumerate(layers):
+    allowed = patterns[f"block_{i}"]
+    chex.assert_shape(allowed, (config.num_heads, N, N))
+    np.testing.assert_array_equal(allowed, np.broadcast_to(np.asarray(prior) > 0,
+                                                           allowed.shape))
+  assert any(not np.array_equal(p, np.broadcast_to(clique, p.shape))
+             for p in patterns.values())
+  qk = EXPERIMENT.member_patterns(config, "2parity", "qk_opt", None)
+  assert all(np.array_equal(p, np.broadcast_to(clique, p.shape)) for p in qk.values())

@@ -2,6 +2,7 @@
 
 import itertools
 
+import chex
 import numpy as np
 import pytest
 
@@ -389,3 +390,20 @@ def test_task_monomials_cover_target_and_mdi():
   assert {(0,), (1,), (2,), (0, 2), (1, 2), (0, 1, 2)} <= set(majority)
   cyclic = boolean.task_monomials(boolean.get_task("cyclic3"))
   assert len([s for s in cyclic if len(s) == 3]) == 15 and () in cyclic
+
+
+@pytest.mark.parametrize("name", ["2parity", "majority3", "cyclic3"])
+def test_probe_points_cover_both_domains_in_proportion(name):
+  task = boolean.get_task(name)
+  x, y, seen = boolean.probe_points(task, 128, seed=0)
+  chex.assert_shape(x, (128, 15))
+  np.testing.assert_array_equal(seen, task.seen(x))
+  share = task.seen(boolean.cube(15)).mean()
+  assert seen.sum() == round(128 * share) and (~seen).sum() > 0
+  assert len(np.unique(y)) > 1                     # The target varies on the probe.
+  for bit in range(15):                            # Every bit varies, support included.
+    assert 0 < (x[:, bit] > 0).sum() < 128, bit
+  assert len({tuple(r) for r in x[:, :3]}) >= 7    # The support tokens differ across rows.
+  again = boolean.probe_points(task, 128, seed=0)
+  np.testing.assert_array_equal(again[0], x)       # Seeded: the same probe every evaluation.
+  assert not np.array_equal(boolean.probe_points(task, 128, seed=1)[0], x)

@@ -197,14 +197,15 @@ def test_qk_opt_determinism_renorm_and_short_run():
   (wq, wk), (wq2, wk2) = run(), run()
   np.testing.assert_array_equal(wq, wq2)
   np.testing.assert_array_equal(wk, wk2)
-  # 300 is a multiple of renorm_every = 100: every column is back at the
-  # initial mean column norm of its matrix and head.
+  # The reference renormalises the columns of W_q ([D, R] per head, length D) and of
+  # W_k ([R, D] per head, length R) to W_q's initial mean column norm, before
+  # iterations 0, 100, 200, ...; with a zero learning rate the result is that reset.
   wq0, wk0 = inits.qk_opt_init(key, D, H, R)
-  for w, w0 in ((wq, wq0), (wk, wk0)):
-    col = jnp.linalg.norm(w, axis=0)
-    np.testing.assert_allclose(
-        col, jnp.broadcast_to(jnp.linalg.norm(w0, axis=0).mean(-1)[:, None], col.shape),
-        rtol=1e-4)
+  target = jnp.linalg.norm(wq0, axis=0).mean()
+  for steps in (1, 100):
+    wq_r, wk_r = inits.qk_opt(pattern, p, R, key, steps=steps, learning_rate=0.0)
+    np.testing.assert_allclose(jnp.linalg.norm(wq_r, axis=0), target, rtol=1e-5)
+    np.testing.assert_allclose(jnp.linalg.norm(wk_r, axis=-1), target, rtol=1e-5)
   # steps = 0 returns the start point.
   np.testing.assert_array_equal(
       inits.qk_opt(pattern, p, R, key, steps=0)[0], wq0)

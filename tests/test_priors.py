@@ -1,6 +1,7 @@
 """Every prior: shape, dtype, known entries, symmetry; bad input raises."""
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -79,13 +80,30 @@ def test_boolean_policies():
 
 def test_majority_prior_suppresses_shortcut():
   a = _allowed(priors.majority_prior(15, (0, 1, 2), 4.0))
-  support = [1, 2, 3]
-  assert not a[0, 1:].any()                       # CLS reads no bit directly.
+  support, irrelevant = [1, 2, 3], list(range(4, 16))
+  assert a[0, support].all() and a[0, 0]          # CLS reads itself and the support.
+  assert not a[0, irrelevant].any()               # ... never the irrelevant bits.
   assert not a[support, support].any()            # No bit reads itself.
   assert a[1, 2] and a[2, 3] and a[3, 1]          # Bits read each other.
   assert a[support, 0].all()                      # Bits may read CLS.
   plain = _allowed(priors.majority_prior(15, suppress_shortcut=False))
   assert plain[0, 1:4].all() and plain[1, 1]
+
+
+def test_majority_prior_readout_reaches_every_support_bit():
+  """With content-free logits (q·k = 0) the attention is softmax(log σ(M)): CLS must put
+  its mass on the support tokens, each of them well above any irrelevant bit, and
+  every support bit must reach CLS in one hop (directly) and in two (via a partner)."""
+  m = priors.majority_prior(15, (0, 1, 2), 4.0)
+  weights = np.asarray(jax.nn.softmax(mpx.mask_bias(m), axis=-1))
+  support, irrelevant = [1, 2, 3], list(range(4, 16))
+  # CLS's allowed keys are itself and the 3 support tokens: 3/4 of its mass, within 10%.
+  assert weights[0, support].sum() > 0.9 * 3 / 4
+  assert weights[0, support].min() > 20 * weights[0, irrelevant].max()
+  a = _allowed(m).astype(int)
+  two_hops = (a @ a) > 0
+  for bit in support:
+    assert a[0, bit] and two_hops[0, bit], bit
 
 
 def test_cyclic_prior():

@@ -234,6 +234,28 @@ def make_splits(task: BooleanTask, seed: int) -> dict[str, tuple[np.ndarray, np.
 # Fourier analysis on the cube.
 
 
+def probe_points(task: BooleanTask, size: int = 128, seed: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """A seeded random probe of the cube, `(x_PN, y_P, seen_P)`, for diagnostics.
+
+  Seen and unseen points are drawn in the cube's proportion (stratified, so every probe
+  holds both domains), in random order. A strided slice of the cube order is *not* a
+  probe: every 2^k-th row has the low k bits at −1, i.e. the same support bits in every
+  row, all unseen for the GOTU tasks.
+  """
+  x_PN, y_P, seen_P = _cube_data(task)
+  n_seen = int(round(size * seen_P.mean()))
+  if not 0 < n_seen < size or n_seen > seen_P.sum() or size - n_seen > (~seen_P).sum():
+    raise ValueError(f"a probe of {size} points cannot hold both domains of {task.name} "
+                     f"({int(seen_P.sum())} seen, {int((~seen_P).sum())} unseen points); "
+                     "choose another size.")
+  rng = np.random.default_rng(seed)
+  rows = np.concatenate([rng.choice(np.flatnonzero(seen_P), n_seen, replace=False),
+                         rng.choice(np.flatnonzero(~seen_P), size - n_seen, replace=False)])
+  rows = rng.permutation(rows)
+  return x_PN[rows], y_P[rows], seen_P[rows]
+
+
 def _check_cube_values(values_P, n_bits) -> np.ndarray:
   n_bits = _check_n_bits(n_bits)
   values_P = np.asarray(values_P, np.float64)
