@@ -52,10 +52,16 @@ def _mass_on(weights_BHNN: jax.Array, allowed: jax.Array) -> jax.Array:
   return jnp.mean(_mass_per_example(weights_BHNN, allowed))
 
 
-def _mass_per_example(weights_BHNN: jax.Array, allowed: jax.Array) -> jax.Array:
-  """`[B]`: each example's attention mass on the allowed pairs, mean over heads, queries."""
+def _mass_per_example(weights_BHNN: jax.Array, allowed: jax.Array,
+                      query_rows: jax.Array | None = None) -> jax.Array:
+  """`[B]`: each example's attention mass on the allowed pairs, mean over heads and the
+  query rows (all, or those where `query_rows` is True)."""
   allowed = jnp.broadcast_to(jnp.asarray(allowed, bool), weights_BHNN.shape[-3:])
-  return jnp.mean(jnp.sum(jnp.where(allowed, weights_BHNN, 0.0), axis=-1), axis=(-2, -1))
+  mass_BHN = jnp.sum(jnp.where(allowed, weights_BHNN, 0.0), axis=-1)
+  if query_rows is None:
+    return jnp.mean(mass_BHN, axis=(-2, -1))
+  rows = jnp.broadcast_to(query_rows, mass_BHN.shape)
+  return jnp.sum(jnp.where(rows, mass_BHN, 0.0), axis=(-2, -1)) / jnp.sum(rows, axis=(-2, -1))
 
 
 def _to_floats(tree) -> Any:
@@ -106,14 +112,15 @@ def mean_attention_map(weights_BHNN: jax.Array, decimals: int = 4) -> list[list[
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _persistence_arrays(apply_fn, loss_fn, params, initial, probe_inputs, probe_batch,
-                        allowed):
+                        allowed, query_rows):
   """Everything `persistence_metrics` reports, as arrays, in one compiled program (eager
   Flax applies and grads cost seconds per member on CPU). `apply_fn` and `loss_fn` are
   static: pass the same callables every evaluation so it compiles once."""
   maps = attention_maps(apply_fn, params, *probe_inputs)
   pattern = lambda layer: allowed[layer] if isinstance(allowed, dict) else allowed
   return (_drift(params, initial), _grad_norms(jax.grad(loss_fn)(params, probe_batch)),
-          {layer: _mass_per_example(w, pattern(layer)) for layer, w in maps.items()},
+          {layer: _mass_per_example(w, pattern(layer), query_rows)
+           for layer, w in maps.items()},
           {layer: jnp.mean(w, axis=(0, 1)) for layer, w in maps.items()})
 
 
@@ -121,7 +128,8 @@ def persistence_metrics(apply_fn: Callable, loss_fn: Callable, params: PyTree,
                         initial: PyTree, probe_inputs: Sequence, probe_batch: Mapping,
                         allowed: jax.Array | Mapping[str, jax.Array],
                         map_layers: Sequence[str] = (),
-                        example_groups: Mapping[str, np.ndarray] | None = None
+                        example_groups: Mapping[str, np.ndarray] | None = None,
+                        query_rows: np.ndarray | None = None
                         ) -> dict[str, dict[str, Any]]:
   """All diagnostics of one member, per layer: drift, fidelity and gradient norms, and
   for the layers in `map_layers` the mean attention map (batch and heads, 4 decimals).
@@ -130,14 +138,21 @@ def persistence_metrics(apply_fn: Callable, loss_fn: Callable, params: PyTree,
   on `probe_batch` (e.g. only the probe's training-domain points). `allowed` is one
   pattern (`[N, N]` or `[H, N, N]`) or one per layer name, so a member is scored on its
   own prior. `example_groups` (name → bool mask over the probe examples) adds
-  `fidelity_<name>`, the fidelity on that part of the probe.
+  `fidelity_<name>`, the fidelity on that part of the probe. `query_rows` (bool `[N]`)
+  restricts fidelity to those queries, e.g. the rows that predict an answer digit.
   """
+  if query_rows is not None:
+    query_rows = jnp.asarray(query_rows, bool)
+    if query_rows.ndim != 1 or not bool(query_rows.any()):
+      raise ValueError(f"query_rows must be a non-empty bool mask [N]; got "
+                       f"{query_rows.shape} with {int(query_rows.sum())} rows set.")
   if isinstance(allowed, Mapping):
     allowed = {layer: jnp.asarray(a, bool) for layer, a in allowed.items()}
   else:
     allowed = jnp.asarray(allowed, bool)
   drift, grads, mass, maps = jax.device_get(_persistence_arrays(
-      apply_fn, loss_fn, params, initial, tuple(probe_inputs), dict(probe_batch), allowed))
+      apply_fn, loss_fn, params, initial, tuple(probe_inputs), dict(probe_batch), allowed,
+      query_rows))
   out = {}
   for layer in drift:
     out[layer] = {f"drift_{k}": float(v) for k, v in drift[layer].items()}

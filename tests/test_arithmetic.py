@@ -172,9 +172,15 @@ def test_tiny_preset_end_to_end(tmp_path):
   assert cli.main(["run", "arithmetic", "--preset", "tiny", "--out", str(tmp_path)]) == 0
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert {m["scheme"] for m in summary["members"]} == {"default", "mask"}
+  metrics = {m["scheme"]: m["metrics"] for m in summary["members"]}
   for member in summary["members"]:
-    assert set(member["metrics"]) == {"sequence_accuracy", "digit_accuracy", "loss"}
-    assert 0 <= member["metrics"]["sequence_accuracy"] <= member["metrics"]["digit_accuracy"]
+    assert {"sequence_accuracy", "digit_accuracy", "loss", "fidelity", "fidelity_init",
+            "drift_qk"} <= set(member["metrics"])
+    assert member["metrics"]["loss"] < np.log(ar.VOCAB_SIZE)  # Trained below uniform.
     assert member["hparams"]["data_fraction"] == 0.004
+  # Persistence on the answer rows: the alignment prior holds at init, the default init
+  # spreads its attention, and the mask moves less than the QK kernels.
+  assert metrics["mask"]["fidelity_init"] > 0.9 > 0.5 > metrics["default"]["fidelity_init"]
+  assert 0 < metrics["mask"]["drift_mask"] < metrics["mask"]["drift_qk"]
   assert summary["paper"]["addition"]["mask"]["sequence_accuracy"] == 0.7749
   assert (tmp_path / "plots" / "fraction_curve.png").exists()
