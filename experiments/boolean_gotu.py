@@ -2,7 +2,7 @@
 
     mpx run boolean_gotu --preset quick      # 3 tasks × 4 schemes × 2 seeds, a few minutes on 2 CPU cores
     mpx run boolean_gotu --preset paper      # the GOTU model and protocol, 10 seeds (GPU)
-    mpx run boolean_gotu --preset paper --set compute_dtype=bfloat16 --set attention=jax
+    mpx run boolean_gotu --preset paper --set compute_dtype=bfloat16 --set attention=cudnn
                                              # GPU: bf16 matmuls, fused attention (untested on GPU)
     mpx run boolean_gotu --preset cpu        # 4 layers, width 64, 4 seeds, 8 epochs: ~2 h on one core
     mpx run boolean_gotu --preset search --set epochs=4   # 14 mask designs on 2Parity, ~8 min CPU
@@ -74,8 +74,8 @@ class Config(SweepConfig):
     diagnostics run on.
   compute_dtype: "float32" or "bfloat16" (projection and MLP matmuls only; logits,
     softmax, LayerNorm and params stay float32): bf16 is for GPUs, slow on CPU.
-  attention: "reference" or "jax" (`jax.nn.dot_product_attention` with the mask as a
-    bias, which can use fused kernels on GPU).
+  attention: "reference", "jax" (`jax.nn.dot_product_attention`'s XLA path, the mask as
+    a float32 bias) or "cudnn" (its fused cuDNN kernel: GPU with bfloat16 only).
   """
   tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)
   schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")

@@ -18,7 +18,11 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-IMPLEMENTATIONS = ("reference", "jax")
+IMPLEMENTATIONS = ("reference", "jax", "cudnn")
+
+# mpx's names for the `implementation=` values of `jax.nn.dot_product_attention`.
+_FUSED_BACKENDS = {"jax": "xla", "cudnn": "cudnn"}
+_CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
 
 
 def mask_bias(mask_logits: Array) -> Array:
@@ -129,16 +133,29 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
     mask_logits: the prior's parameter M, `[N, N]` or `[..., H, N, N]`; None = no prior.
     causal: key j is visible to query i only if j <= i.
     padding_mask: `[..., N]` booleans, True for real key tokens.
-    implementation: "reference" (einsum + float32 softmax, every backend) or "jax"
-      (`jax.nn.dot_product_attention` with `bias=log σ(M)`, which can use fused
-      kernels on GPU). Both give the same result.
+    implementation: where the attention runs. All three compute the same function with
+      the bias `log σ(M)` in float32 (a bf16 bias would move a logit near -100 by up to
+      0.25) and float32 logits and softmax.
+      "reference": einsum + float32 softmax, every backend and dtype.
+      "jax": `jax.nn.dot_product_attention(..., implementation="xla")`, every backend
+        and dtype; it accepts a bias of any dtype and adds it to float32 logits.
+      "cudnn": `jax.nn.dot_product_attention(..., implementation="cudnn")`, cuDNN's
+        fused flash-attention kernel: NVIDIA GPU and float16/bfloat16 q, k, v only;
+        anything else raises ValueError (never a silent fallback). XLA declares the
+        float32 bias to cuDNN as float32 (openxla/xla#32985; jaxlib 0.8.0 gave NaN
+        gradients, jax-ml/jax#32242). cuDNN's own limits (head dim a multiple of 8,
+        <= 128 before Hopper and <= 256 from it; even N when differentiated with a
+        prior or hard mask) raise jax's NotImplementedError.
 
   Returns:
     `[..., N, H, D]` in v's dtype.
   """
   _check_qkv(q, k, v)
-  if implementation == "jax":
-    return _masked_attention_jax(q, k, v, mask_logits, causal, padding_mask)
+  if implementation in _FUSED_BACKENDS:
+    if implementation == "cudnn":
+      _check_cudnn(q, k, v)
+    return _masked_attention_fused(q, k, v, mask_logits, causal, padding_mask,
+                                   _FUSED_BACKENDS[implementation])
   if implementation != "reference":
     raise ValueError(
         f"unknown implementation {implementation!r}; choose one of {IMPLEMENTATIONS}.")
@@ -148,22 +165,42 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
   return jnp.swapaxes(out, -2, -3).astype(v.dtype)
 
 
-def _masked_attention_jax(q, k, v, mask_logits, causal, padding_mask):
-  """Routes through `jax.nn.dot_product_attention` (fused cuDNN kernels on GPU)."""
+def _check_cudnn(q: Array, k: Array, v: Array) -> None:
+  """Raises before jax does: its cuDNN errors (`cuDNN is not detected`) hide the fix."""
+  dtypes = {jnp.dtype(x.dtype) for x in (q, k, v)}
+  if len(dtypes) != 1 or dtypes.pop() not in _CUDNN_DTYPES:
+    raise ValueError(
+        'implementation="cudnn" needs q, k, v all float16 or all bfloat16; got '
+        f"{q.dtype}, {k.dtype}, {v.dtype}. Compute in bf16 (the models' "
+        'dtype=jnp.bfloat16) or use implementation="jax" or "reference".')
+  backend = jax.default_backend()
+  if backend != "gpu":
+    raise ValueError(
+        f'implementation="cudnn" runs only on an NVIDIA GPU; the backend is {backend!r}. '
+        'Use implementation="jax" or "reference" here.')
+
+
+def _masked_attention_fused(q, k, v, mask_logits, causal, padding_mask, backend):
+  """Routes through `jax.nn.dot_product_attention(implementation=backend)`.
+
+  The bias stays float32: both backends take a bias of any dtype, and a bf16 bias
+  would round the prior (the old behaviour of this path).
+  """
   n_q, num_heads, n_k = q.shape[-3], q.shape[-2], k.shape[-3]
   batch_shape = q.shape[:-3]
   flat = lambda x: x.reshape((math.prod(batch_shape),) + x.shape[-3:])
   bias = None
   if mask_logits is not None:
-    bias = _bias_BHNN(mask_logits, num_heads, n_q, n_k)
-    bias = jnp.broadcast_to(bias, batch_shape + (num_heads, n_q, n_k))
-    bias = bias.reshape((-1, num_heads, n_q, n_k)).astype(q.dtype)
+    bias_BHNN = _bias_BHNN(mask_logits, num_heads, n_q, n_k)
+    bias_BHNN = jnp.broadcast_to(bias_BHNN, batch_shape + (num_heads, n_q, n_k))
+    bias = bias_BHNN.reshape((-1, num_heads, n_q, n_k))
   allowed = _allowed_BHNN(n_q, n_k, causal, padding_mask)
   mask = None
   if allowed is not None:
     allowed = jnp.broadcast_to(allowed, batch_shape + (num_heads, n_q, n_k))
     mask = allowed.reshape((-1, num_heads, n_q, n_k))
-  out = jax.nn.dot_product_attention(flat(q), flat(k), flat(v), bias=bias, mask=mask)
+  out = jax.nn.dot_product_attention(flat(q), flat(k), flat(v), bias=bias, mask=mask,
+                                     implementation=backend)
   if mask is not None:  # Match the reference: rows with no visible key give zeros.
     out = jnp.where(jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None], out, 0)
   return out.reshape(q.shape[:-1] + v.shape[-1:])

@@ -109,15 +109,77 @@ class PriorTest(chex.TestCase):
     assert out == 0.0
     assert bool(jnp.all(jnp.isfinite(grads)))
 
+  @chex.variants(with_jit=True, without_jit=True)
   def test_jax_implementation_matches_reference(self):
     q, k, v = _qkv(9)
     m_HNN = jax.random.normal(jax.random.key(10), (H, N, N)) * 2
     pad = _padding().at[1].set(False)  # Batch row 1: every key padded.
-    for kwargs in ({}, {"causal": True}, {"padding_mask": pad},
-                   {"causal": True, "padding_mask": pad}):
-      ref = mpx.masked_attention(q, k, v, m_HNN, **kwargs)
-      fast = mpx.masked_attention(q, k, v, m_HNN, implementation="jax", **kwargs)
-      chex.assert_trees_all_close(fast, ref, atol=1e-5)
+    for mask in (m_HNN, m_HNN[0], None):
+      for kwargs in ({}, {"causal": True}, {"padding_mask": pad},
+                     {"causal": True, "padding_mask": pad}):
+        ref = mpx.masked_attention(q, k, v, mask, **kwargs)
+        fast = self.variant(lambda q, k, v, m=mask, kw=kwargs: mpx.masked_attention(
+            q, k, v, m, implementation="jax", **kw))(q, k, v)
+        chex.assert_trees_all_close(fast, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["reference", "jax"])
+def test_bfloat16_inputs_keep_the_bias_in_float32(implementation):
+  """Near -100 bf16 steps by 0.5, so a bf16 bias would move each logit by up to 0.25."""
+  q, k, v = _qkv(16, jnp.bfloat16)
+  m_HNN = -100.0 - jax.random.uniform(jax.random.key(17), (H, N, N))
+  bias_HNN = jax.nn.log_sigmoid(m_HNN)
+  upcast = lambda x: x.astype(jnp.float32)
+  want = _reference(upcast(q), upcast(k), upcast(v), bias_HNN[None])
+  rounded = _reference(upcast(q), upcast(k), upcast(v),
+                       upcast(bias_HNN.astype(jnp.bfloat16))[None])
+  assert float(jnp.max(jnp.abs(rounded - want))) > 0.1  # The case can tell them apart.
+  out = mpx.masked_attention(q, k, v, m_HNN, implementation=implementation)
+  assert out.dtype == jnp.bfloat16
+  chex.assert_trees_all_close(upcast(out), want, atol=1e-2)  # bf16 output rounding.
+
+
+class CudnnTest(chex.TestCase):
+
+  def test_listed(self):
+    assert "cudnn" in mpx.attention.IMPLEMENTATIONS
+
+  def test_float32_inputs_raise_naming_the_fix(self):
+    q, k, v = _qkv(18)
+    with pytest.raises(ValueError, match='float16 or all bfloat16.*implementation="jax"'):
+      mpx.masked_attention(q, k, v, implementation="cudnn")
+    with pytest.raises(ValueError, match="float16 or all bfloat16"):
+      mpx.masked_attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v,
+                           implementation="cudnn")
+
+  @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the non-GPU error")
+  def test_non_gpu_backend_raises_naming_the_fix(self):
+    q, k, v = _qkv(19, jnp.bfloat16)
+    with pytest.raises(ValueError, match='NVIDIA GPU.*implementation="jax" or "reference"'):
+      mpx.masked_attention(q, k, v, priors.neutral(N), implementation="cudnn")
+    with pytest.raises(ValueError, match="NVIDIA GPU"):
+      jax.jit(lambda q: mpx.masked_attention(q, k, v, implementation="cudnn"))(q)
+
+  @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN needs an NVIDIA GPU")
+  def test_matches_reference_on_gpu(self):
+    """Forward and mask gradient in bf16; N = 16 and head dim 16 fit cuDNN's limits."""
+    kq, kk, kv, km = jax.random.split(jax.random.key(20), 4)
+    q, k, v = (jax.random.normal(key, (2, 16, 2, 16), jnp.bfloat16) for key in (kq, kk, kv))
+    m_HNN = jax.random.normal(km, (2, 16, 16)) * 3
+    pad = jnp.ones((2, 16), bool).at[0, -3:].set(False)
+
+    def loss(m, implementation):
+      out = mpx.masked_attention(q, k, v, m, padding_mask=pad,
+                                 implementation=implementation)
+      return jnp.sum(out.astype(jnp.float32) ** 2), out
+
+    (_, ref), grad_ref = jax.value_and_grad(loss, has_aux=True)(m_HNN, "reference")
+    (_, out), grad = jax.jit(jax.value_and_grad(loss, has_aux=True),
+                             static_argnums=1)(m_HNN, "cudnn")
+    chex.assert_trees_all_close(out.astype(jnp.float32), ref.astype(jnp.float32),
+                                atol=2e-2)
+    assert bool(jnp.all(jnp.isfinite(grad)))
+    chex.assert_trees_all_close(grad, grad_ref, atol=5e-2, rtol=5e-2)
 
 
 class MaskBiasTest(chex.TestCase):
