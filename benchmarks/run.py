@@ -125,9 +125,11 @@ def make_group(scale: str, members: int) -> engine.Group:
 
 def torch_scale(scale: str) -> torch_reference.Scale:
   """The torch model's settings, checked against the experiment's preset."""
-  _, cfg = experiment_config(scale, 1)
+  experiment, cfg = experiment_config(scale, 1)
+  learning_rate = (experiment.TASK_PROTOCOL["2parity"][0] if cfg.learning_rate is None
+                   else cfg.learning_rate)
   ours = torch_reference.Scale(cfg.width, cfg.depth, cfg.num_heads, cfg.head_dim,
-                               cfg.mlp_dim, cfg.learning_rate or 1e-5, cfg.weight_decay,
+                               cfg.mlp_dim, learning_rate, cfg.weight_decay,
                                cfg.batch_size, cfg.mask_strength)
   if ours != torch_reference.SCALES[scale]:
     raise AssertionError(f"torch_reference.SCALES[{scale!r}] = "

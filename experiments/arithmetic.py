@@ -115,7 +115,8 @@ class Config(SweepConfig):
     bad = [s for s in self.schemes if s not in schemes.SCHEMES]
     if bad or not self.schemes:
       raise ValueError(f"unknown schemes {bad or '()'}; choose from {schemes.SCHEMES}.")
-    if self.fractions is not None and not all(0 < f < 1 for f in self.fractions):
+    if self.fractions is not None and not (self.fractions and
+                                           all(0 < f < 1 for f in self.fractions)):
       raise ValueError(f"fractions must lie in (0, 1); got {self.fractions}.")
     if not 0 < self.probe_size <= self.test_size:
       raise ValueError(f"probe_size={self.probe_size} must be in [1, test_size="
@@ -149,7 +150,7 @@ def make_model(config: Config) -> TokenTransformer:
 
 
 def task_fractions(config: Config, task: str) -> tuple[float, ...]:
-  return config.fractions or (DEFAULT_FRACTIONS[task],)
+  return (DEFAULT_FRACTIONS[task],) if config.fractions is None else config.fractions
 
 
 def _member_hparams(config: Config, scheme: str, fraction: float) -> dict[str, float]:

@@ -12,6 +12,7 @@ import mpx
 from mpx import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOY = str(ROOT / "tests" / "toy_experiment.py")
 
 
 def test_version_and_help(capsys):
@@ -49,6 +50,21 @@ def test_prior_command_bad_option_is_a_clear_error(tmp_path, capsys):
     cli.main(["prior", "parity", "--strength", "0", "--out", str(tmp_path / "p.png")])
   assert exit_info.value.code == 2
   assert "strength must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("out, named", [("blocker.txt/run", "blocker.txt is a file"),
+                                        ("blocker.txt", "blocker.txt is a file"),
+                                        ("", "--out is empty")])
+def test_run_with_an_unusable_out_is_a_one_line_error(tmp_path, out, named, capsys):
+  blocker = tmp_path / "blocker.txt"
+  blocker.write_text("keep")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", TOY, "--out", str(tmp_path / out) if out else ""])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("mpx run: error: --out") and named in err
+  assert len(err.strip().splitlines()) == 1
+  assert blocker.read_text() == "keep" and sorted(tmp_path.iterdir()) == [blocker]
 
 
 def test_readme_functional_example_runs():

@@ -1,8 +1,10 @@
 """`mpx run`: outputs, exact resume (also after SIGKILL), SIGTERM, divergence, --set."""
 
+import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +70,54 @@ def test_rerun_into_same_dir_without_resume_is_an_error(uninterrupted, capsys):
   with pytest.raises(SystemExit):
     cli.main(["run", TOY, "--out", str(uninterrupted)])
   assert "--resume" in capsys.readouterr().err
+
+
+def _files(run_dir):
+  return {p.relative_to(run_dir): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+          if p.is_file()}
+
+
+def test_refused_fresh_run_leaves_the_run_folder_unchanged(uninterrupted, tmp_path, capsys):
+  out = tmp_path / "copy"
+  shutil.copytree(uninterrupted, out)
+  before = _files(out)
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", TOY, "--out", str(out), "--set", "learning_rate=0.5"])
+  assert exit_info.value.code == 2
+  assert _files(out) == before                       # config.json and metrics included.
+  err = capsys.readouterr().err
+  assert "already holds metrics" in err and "--resume" in err and "another --out" in err
+  assert len(err.strip().splitlines()) == 1
+  # The kept config still guards the run: resuming it with the new settings is refused.
+  with pytest.raises(SystemExit):
+    cli.main(["run", TOY, "--out", str(out), "--resume", "--set", "learning_rate=0.5"])
+  assert "learning_rate" in capsys.readouterr().err
+  assert _files(out) == before
+  # Checkpoints without metrics (eval_every=0 before a group's end) are refused too.
+  (out / report.METRICS_FILE).unlink()
+  with pytest.raises(SystemExit):
+    cli.main(["run", TOY, "--out", str(out), "--set", "learning_rate=0.5"])
+  assert "already holds checkpoints" in capsys.readouterr().err
+  assert json.loads((out / "config.json").read_bytes()) == json.loads(before[
+      pathlib.Path("config.json")])
+
+
+def test_resume_checks_the_config_stored_with_the_checkpoints(uninterrupted, tmp_path,
+                                                              capsys):
+  out = tmp_path / "tampered"
+  shutil.copytree(uninterrupted, out)
+  experiment = config_lib.load_experiment(TOY)
+  preset, cfg = config_lib.make_config(experiment, None, ["learning_rate=0.5"])
+  tampered = {"experiment": experiment.NAME, "preset": preset,
+              "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
+  (out / "config.json").write_text(json.dumps(tampered, indent=2) + "\n")
+  before = _files(out)
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", TOY, "--out", str(out), "--resume", "--set", "learning_rate=0.5"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert "checkpoints" in err and "another config" in err and "['learning_rate']" in err
+  assert _files(out) == before
 
 
 def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
@@ -144,6 +194,9 @@ def test_diverged_member_is_reported_and_others_unchanged(uninterrupted, tmp_pat
     ("stepz=3", "unknown config key; valid keys: .*steps"),
     ("steps=three", "steps=three: expected a value of type int"),
     ("schemes", "expected key=value"),
+    ("schemes=", "schemes=: empty item; give a comma-separated list"),
+    ("schemes=mask,,default", "empty item"),
+    ("schemes=mask,", "empty item"),
 ])
 def test_set_errors_name_the_key(assignment, message):
   experiment = config_lib.load_experiment(TOY)
@@ -166,6 +219,8 @@ def test_unknown_experiment_and_preset():
     config_lib.load_experiment("boolean_gotoo")
   with pytest.raises(ValueError, match="unknown preset"):
     config_lib.make_config(config_lib.load_experiment(TOY), "paper")
+  with pytest.raises(ValueError, match="unknown preset ''"):   # Not the default preset.
+    config_lib.make_config(config_lib.load_experiment(TOY), "")
 
 
 def test_plot_command_writes_decodable_pngs(uninterrupted):

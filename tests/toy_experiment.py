@@ -35,7 +35,7 @@ def build_groups(config):
     for scheme in config.schemes:
       for seed in range(config.seeds):
         lr = config.learning_rate
-        if config.bad_learning_rate and scheme == "mask" and seed == 1:
+        if config.bad_learning_rate is not None and scheme == "mask" and seed == 1:
           lr = config.bad_learning_rate
         members.append(fx.member(seed + (name == "toy_b") * 10, scheme, lr=lr))
     groups.append(fx.group(members, steps=config.steps, sampling="epoch", name=name))

@@ -54,7 +54,10 @@ def _parse(key: str, raw: str, annotation) -> Any:
     inner = [a for a in args if a is not type(None)]
     return _parse(key, raw, inner[0])
   if origin is tuple:
-    items = [s.strip() for s in raw.split(",") if s.strip()]
+    items = [s.strip() for s in raw.split(",")]
+    if not all(items):  # `fractions=` or `a,,b`: a typo, not a request for no values.
+      raise ValueError(f"--set {key}={raw}: empty item; give a comma-separated list of "
+                       "values without empty items, or none where the field allows it.")
     item_type = args[0] if args else str
     return tuple(_parse(key, s, item_type) for s in items)
   if annotation is bool:
@@ -89,7 +92,8 @@ def apply_overrides(config, assignments: Sequence[str]):
 def make_config(experiment: types.ModuleType, preset: str | None,
                 assignments: Sequence[str] = ()):
   """The experiment's Config with the preset applied, then the `--set` overrides."""
-  preset = preset or next(iter(experiment.PRESETS))
+  if preset is None:
+    preset = next(iter(experiment.PRESETS))
   if preset not in experiment.PRESETS:
     raise ValueError(f"unknown preset {preset!r} for {experiment.NAME}; choose one of "
                      f"{sorted(experiment.PRESETS)}.")

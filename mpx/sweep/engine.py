@@ -145,10 +145,15 @@ def _batch_indices(key, step, order, num_examples: int, batch_size: int, samplin
 
 
 def _all_finite(tree) -> jax.Array:
-  """One reduction over every leaf: a reduction per leaf ANDed together is a chain XLA
-  fuses into each consumer's select, which made compile time quadratic in the leaves."""
-  leaves = jax.tree_util.tree_leaves(tree)
-  return jnp.all(jnp.isfinite(jnp.concatenate([jnp.ravel(x) for x in leaves])))
+  """One reduction over every float leaf (integer leaves such as optax's `count` are
+  always finite): a reduction per leaf ANDed together is a chain XLA fuses into each
+  consumer's select, which made compile time quadratic in the leaves."""
+  leaves = [jnp.ravel(x) for x in jax.tree_util.tree_leaves(tree)
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  if not leaves:
+    return jnp.asarray(True)
+  return jnp.all(jnp.isfinite(jnp.concatenate(
+      [x.astype(jnp.result_type(*leaves)) for x in leaves])))
 
 
 def _select(pred, on_true, on_false):
@@ -169,7 +174,9 @@ def make_member_step(group: Group) -> Callable:
     optimizer = optim.make_optimizer(group.optim, hparams)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
-    finite = jnp.isfinite(loss) & _all_finite(new_params)
+    # The optimizer state too: an inf second moment zeroes the update, so the params stay
+    # finite while the member has silently stopped training.
+    finite = jnp.isfinite(loss) & _all_finite((new_params, new_opt_state))
     keep = alive & finite
     params = _select(keep, new_params, params)
     opt_state = _select(keep, new_opt_state, opt_state)
@@ -221,7 +228,9 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
 
 def member_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh | None:
   """A 1-D mesh over the local devices for the member axis; None on one device."""
-  devices = list(devices or jax.local_devices())
+  devices = list(jax.local_devices() if devices is None else devices)
+  if not devices:
+    raise ValueError("devices is empty; pass None to use all local devices.")
   return Mesh(np.array(devices), (MEMBER_AXIS,)) if len(devices) > 1 else None
 
 

@@ -17,6 +17,7 @@ import optax
 OPTIMIZERS = ("adam_l2", "adamw")
 SCHEDULES = ("constant", "warmup_cosine")
 MASK_LEAF = "mask_logits"
+HPARAMS = ("learning_rate", "weight_decay", "mask_lr_multiplier")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,11 +72,20 @@ def _scale_mask_updates(multiplier) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 
 
+def _check_hparams(hparams: Mapping[str, jax.Array]) -> None:
+  """No defaults: a member that forgot `weight_decay` must not silently train without it."""
+  missing = [name for name in HPARAMS if name not in hparams]
+  if missing:
+    raise ValueError(f"hparams {sorted(hparams)} lack {missing}; every member must set "
+                     f"{', '.join(HPARAMS)} (0 disables decay / freezes the mask).")
+
+
 def make_optimizer(config: OptimConfig,
                    hparams: Mapping[str, jax.Array]) -> optax.GradientTransformation:
-  """The member's optimizer; `hparams` may be traced scalars."""
+  """The member's optimizer; `hparams` may be traced scalars and must hold `HPARAMS`."""
+  _check_hparams(hparams)
   lr = hparams["learning_rate"]
-  wd = hparams.get("weight_decay", 0.0)
+  wd = hparams["weight_decay"]
   not_mask = lambda params: jax.tree_util.tree_map(lambda m: not m, is_mask_tree(params))
   decay = optax.add_decayed_weights(wd, mask=not_mask)
   shape = schedule_shape(config)
@@ -88,7 +98,7 @@ def make_optimizer(config: OptimConfig,
   if config.optimizer == "adamw":
     parts.append(decay)
   parts.append(optax.scale_by_schedule(lambda count: -lr * shape(count)))
-  parts.append(_scale_mask_updates(hparams.get("mask_lr_multiplier", 1.0)))
+  parts.append(_scale_mask_updates(hparams["mask_lr_multiplier"]))
   return optax.chain(*parts)
 
 

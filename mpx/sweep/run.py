@@ -81,7 +81,8 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
   with checkpoint.Checkpointer(run_dir / "checkpoints" / group.name,
                                max_to_keep=cfg.keep_checkpoints) as ckpt:
     if resume and ckpt.latest_step() is not None:
-      state, _ = ckpt.restore(state)
+      state, stored = ckpt.restore(state)
+      _check_checkpoint_config(ckpt.directory, stored, saved_config)
     train_chunk = engine.make_train_chunk(group, cfg.chunk_steps)
     step = int(state.step)
     train_loss = np.full((size,), np.nan)
@@ -110,16 +111,66 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
   return _records(group, state, group.steps, train_loss, metrics)
 
 
+def _config_differences(previous: dict, saved: dict) -> list[str]:
+  """The names that differ: `experiment`/`preset`, then the config keys."""
+  keys = [k for k in ("experiment", "preset") if previous.get(k) != saved.get(k)]
+  old, new = previous.get("config", {}), saved.get("config", {})
+  return keys + sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
 def _check_resume_config(run_dir: pathlib.Path, saved: dict) -> None:
   path = run_dir / "config.json"
   if not path.exists():
     raise FileNotFoundError(f"--resume: {path} does not exist; nothing to resume.")
   previous = json.loads(path.read_text())
   if previous != saved:
-    keys = sorted(k for k in set(previous["config"]) | set(saved["config"])
-                  if previous["config"].get(k) != saved["config"].get(k))
-    raise ValueError(f"--resume: the config differs from the run in {run_dir} "
-                     f"(experiment/preset or keys {keys}); use the same --preset and --set.")
+    raise ValueError(f"--resume: the config differs from the run in {run_dir} in "
+                     f"{_config_differences(previous, saved)}; use the same --preset and "
+                     "--set.")
+
+
+def _check_checkpoint_config(directory: str | pathlib.Path, stored: dict, saved: dict) -> None:
+  """The config saved with the checkpoint is what the state was trained with; config.json
+  may have been overwritten since."""
+  if stored != saved:
+    raise ValueError(f"--resume: the checkpoints in {directory} were written with another "
+                     f"config (differs in {_config_differences(stored, saved)}); use the "
+                     "run's --preset and --set, or start a fresh run with another --out.")
+
+
+def _check_checkpoint_configs(run_dir: pathlib.Path, saved: dict) -> None:
+  """Every group's latest checkpoint, read-only, before anything is written."""
+  root = run_dir / "checkpoints"
+  for directory in sorted(root.iterdir() if root.is_dir() else []):
+    try:
+      stored = checkpoint.restore_config(directory)
+    except FileNotFoundError:  # No finalised step yet: that group starts from scratch.
+      continue
+    _check_checkpoint_config(directory, stored, saved)
+
+
+def _check_run_dir(run_dir: pathlib.Path) -> None:
+  """The run folder is, or can be made, a directory: the nearest existing path is one."""
+  for path in (run_dir, *run_dir.parents):
+    if path.exists():
+      if not path.is_dir():
+        raise ValueError(f"--out {run_dir}: {path} is a file, not a folder; choose another "
+                         "--out.")
+      return
+
+
+def _check_fresh(run_dir: pathlib.Path) -> None:
+  """A fresh run must not mix with (or overwrite the config of) an earlier one."""
+  metrics = run_dir / report.METRICS_FILE
+  checkpoints = run_dir / "checkpoints"
+  if metrics.exists() and metrics.stat().st_size > 0:
+    held = "metrics"
+  elif checkpoints.is_dir() and any(checkpoints.iterdir()):
+    held = "checkpoints"
+  else:
+    return
+  raise FileExistsError(f"{run_dir} already holds {held} of an earlier run; pass --resume "
+                        "to continue it, or choose another --out.")
 
 
 def completed_steps(run_dir: pathlib.Path) -> dict[str, int]:
@@ -168,17 +219,26 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   """Builds, trains and reports one experiment; returns the summary dict (plus its
   `run_dir`)."""
   preset, cfg = config_lib.make_config(experiment, preset, overrides)
-  run_dir = pathlib.Path(out_dir or f"runs/{experiment.NAME}-{preset}")
+  if out_dir is None:
+    out_dir = f"runs/{experiment.NAME}-{preset}"
+  if not str(out_dir).strip():
+    raise ValueError("--out is empty; give a run folder, or leave --out out for "
+                     f"runs/{experiment.NAME}-{preset}.")
+  run_dir = pathlib.Path(out_dir)
   saved_config = {"experiment": experiment.NAME, "preset": preset,
                   "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
+  # Every check comes before the first write: a refused run leaves the folder as it was.
+  _check_run_dir(run_dir)
   if resume:
     _check_resume_config(run_dir, saved_config)
+    _check_checkpoint_configs(run_dir, saved_config)
     completed = completed_steps(run_dir)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:
+    _check_fresh(run_dir)
     keep = None
-  run_dir.mkdir(parents=True, exist_ok=True)
-  (run_dir / "config.json").write_text(json.dumps(saved_config, indent=2) + "\n")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(saved_config, indent=2) + "\n")
   mesh = engine.member_mesh(devices)
   print(f"mpx run {experiment.NAME} --preset {preset} → {run_dir} "
         f"({jax.device_count()} {jax.default_backend()} device(s))", file=sys.stderr)
