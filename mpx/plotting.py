@@ -1,4 +1,4 @@
-"""Headless matplotlib figures (Agg backend); matplotlib is the `plots` extra."""
+"""Headless matplotlib figures (Agg backend)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ def _pyplot():
   try:
     import matplotlib
   except ImportError as e:  # pragma: no cover - depends on the install
-    raise ImportError("plotting needs matplotlib: pip install 'mpx[plots]'") from e
+    raise ImportError("plotting needs matplotlib, a dependency of mpx: reinstall mpx "
+                      "(pip install -e .) or pip install matplotlib") from e
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   return plt

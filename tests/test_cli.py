@@ -82,3 +82,29 @@ def test_ci_runs_the_readme_test_command():
   i = readme.index("# 2. install and run the tests (CPU, a few minutes)")
   assert "pytest" in readme[i + 1] and '".[test]"' in readme[i + 1]
   assert "# 2. install and run the tests" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_experiments_come_from_the_installed_package(tmp_path, monkeypatch):
+  """`mpx run NAME` must not depend on the working directory or a source checkout: the
+  experiments install as `mpx.experiments` (setup.cfg's package_dir)."""
+  import mpx.experiments
+  from mpx.sweep import config as config_lib
+  monkeypatch.chdir(tmp_path)
+  package_dir = pathlib.Path(mpx.experiments.__path__[0]).resolve()
+  assert package_dir in config_lib.experiment_dirs()
+  experiment = config_lib.load_experiment("boolean_gotu")
+  assert pathlib.Path(experiment.__file__).resolve().parent == package_dir
+
+
+def test_setup_cfg_ships_every_package():
+  """setup.cfg lists its packages by hand (to map experiments/ to mpx.experiments): a new
+  subpackage left off the list would be missing from a plain `pip install .`."""
+  import configparser
+  import setuptools
+  root = pathlib.Path(__file__).parents[1]
+  cfg = configparser.ConfigParser()
+  cfg.read(root / "setup.cfg")
+  listed = set(cfg["options"]["packages"].split())
+  found = set(setuptools.find_packages(str(root), include=["mpx", "mpx.*"]))
+  assert listed == found | {"mpx.experiments"}
+  assert "mpx.experiments = experiments" in cfg["options"]["package_dir"]

@@ -10,7 +10,7 @@ import types
 import typing
 from typing import Any, Sequence
 
-import mpx
+import mpx.experiments
 
 EXPERIMENT_ATTRIBUTES = ("Config", "PRESETS", "PAPER", "METRICS", "build_groups")
 
@@ -102,9 +102,11 @@ def make_config(experiment: types.ModuleType, preset: str | None,
 
 
 def experiment_dirs() -> list[pathlib.Path]:
-  """Where experiment names are looked up: ./experiments, then the source checkout's."""
-  return [pathlib.Path.cwd() / "experiments",
-          pathlib.Path(mpx.__file__).resolve().parents[1] / "experiments"]
+  """Where experiment names are looked up: ./experiments (a user's own), then the
+  installed `mpx.experiments` package (the repository's experiments/ folder)."""
+  dirs = [pathlib.Path.cwd() / "experiments"]
+  dirs += [pathlib.Path(p) for p in mpx.experiments.__path__]
+  return list(dict.fromkeys(d.resolve() for d in dirs))
 
 
 def available_experiments() -> list[str]:

@@ -1,0 +1,1 @@
+"""The experiment files (one per paper table), installed as `mpx.experiments`."""
