@@ -18,6 +18,16 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
+# The param name of the mask logits M in every module and tree: the one place it is named
+# (optimizer groups, schemes and diagnostics all ask `is_mask_path`).
+MASK_LEAF = "mask_logits"
+
+
+def is_mask_path(path) -> bool:
+  """Whether a pytree key path (`tree_map_with_path`) ends at a mask-logits leaf."""
+  return getattr(path[-1], "key", None) == MASK_LEAF
+
+
 IMPLEMENTATIONS = ("reference", "jax", "cudnn")
 
 # mpx's names for the `implementation=` values of `jax.nn.dot_product_attention`.

@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from mpx.attention import MASK_LEAF
+
 PyTree = Any
-TRACKED = {"mask": ("mask_logits",), "query": ("query", "kernel"), "key": ("key", "kernel")}
+TRACKED = {"mask": (MASK_LEAF,), "query": ("query", "kernel"), "key": ("key", "kernel")}
 
 
 def _layer_leaves(params: PyTree) -> dict[str, dict[str, jax.Array]]:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from mpx import inits, priors
-from mpx.sweep.optim import MASK_LEAF
+from mpx.attention import is_mask_path
 
 SCHEMES = ("default", "mask", "qk_svd", "qk_opt")
 
@@ -36,10 +36,6 @@ def _fit_prior(mask_logits, leaf, path):
   return mask_logits.astype(leaf.dtype)
 
 
-def _is_mask(path) -> bool:
-  return getattr(path[-1], "key", None) == MASK_LEAF
-
-
 def _layer_name(path) -> str | None:
   """The block a mask leaf belongs to (`block_i` of `block_i/attention/mask_logits`)."""
   keys = [getattr(k, "key", None) for k in path]
@@ -50,7 +46,7 @@ def set_masks(params, mask_logits):
   """Writes `mask_logits` (`[N, N]` or `[H, N, N]`) into every mask leaf, broadcasting a
   shared prior over heads when the leaf is per head."""
   def write(path, leaf):
-    return _fit_prior(mask_logits, leaf, path) if _is_mask(path) else leaf
+    return _fit_prior(mask_logits, leaf, path) if is_mask_path(path) else leaf
   return jax.tree_util.tree_map_with_path(write, params)
 
 
@@ -61,7 +57,7 @@ def set_masks_per_layer(params, priors_by_layer):
   found = set()
 
   def write(path, leaf):
-    name = _layer_name(path) if _is_mask(path) else None
+    name = _layer_name(path) if is_mask_path(path) else None
     if name not in priors_by_layer:
       return leaf
     found.add(name)

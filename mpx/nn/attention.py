@@ -72,7 +72,7 @@ class MaskedSelfAttention(nn.Module):
       shape = (n_tokens, n_tokens)
       if self.per_head_mask:
         shape = (self.num_heads,) + shape
-      mask = self.param("mask_logits", self.mask_init, shape, jnp.float32)
+      mask = self.param(attention_lib.MASK_LEAF, self.mask_init, shape, jnp.float32)
       if not self.learnable_mask:
         mask = jax.lax.stop_gradient(mask)
 

@@ -14,9 +14,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from mpx import attention
+
 OPTIMIZERS = ("adam_l2", "adamw")
 SCHEDULES = ("constant", "warmup_cosine")
-MASK_LEAF = "mask_logits"
 HPARAMS = ("learning_rate", "weight_decay", "mask_lr_multiplier")
 
 
@@ -60,7 +61,7 @@ def schedule_shape(config: OptimConfig) -> optax.Schedule:
 def is_mask_tree(params) -> "PyTree[bool]":
   """True at every `mask_logits` leaf: the parameter group of the prior."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], "key", None) == MASK_LEAF, params)
+      lambda path, _: attention.is_mask_path(path), params)
 
 
 def _scale_mask_updates(multiplier) -> optax.GradientTransformation:
