@@ -407,3 +407,62 @@ def test_probe_points_cover_both_domains_in_proportion(name):
   again = boolean.probe_points(task, 128, seed=0)
   np.testing.assert_array_equal(again[0], x)       # Seeded: the same probe every evaluation.
   assert not np.array_equal(boolean.probe_points(task, 128, seed=1)[0], x)
+
+
+# Sum-class coverage: hand-checked cases of the hypothesis in ../shared/FINDINGS.md.
+
+
+def test_coverage_2parity_has_no_seen_class_for_its_unseen_sum():
+  # Unseen x0 = x1 = −1 has sum −2; every seen point has x0 + x1 ∈ {0, 2}.
+  cov = boolean.class_coverage(boolean.get_task("2parity"), [(0, 1)])
+  assert cov.covered_fraction == 0.0 and not cov.covered_U.any()
+  assert cov.predicted_accuracy_unseen == cov.mdi_accuracy_unseen == 0.0
+  np.testing.assert_allclose(cov.predicted_U, -3.0, atol=1e-5)  # The MDI x0 + x1 − 1.
+
+
+def test_coverage_majority_covers_the_half_with_sum_minus_one():
+  # Unseen x0 = x1 = −1: x2 = +1 gives sum −1, seen as (+1, −1, −1) with target −1;
+  # x2 = −1 gives sum −3, never seen, where the MDI (−1 + 2·x2 = −3) is right anyway.
+  task = boolean.get_task("majority3")
+  cov = boolean.class_coverage(task, [(0, 1, 2)])
+  x_unseen = boolean.cube(15)[~task.seen(boolean.cube(15))]
+  np.testing.assert_array_equal(cov.covered_U, x_unseen[:, 2] > 0)
+  np.testing.assert_allclose(cov.predicted_U[cov.covered_U], -1.0)
+  assert cov.covered_fraction == 0.5
+  assert cov.mdi_accuracy_unseen == 0.5 and cov.predicted_accuracy_unseen == 1.0
+
+
+def test_coverage_three_bit_parity_is_half_covered():
+  task = boolean.make_task("parity3", lambda x: x[:, 0] * x[:, 1] * x[:, 2],
+                           lambda x: (x[:, 0] > 0) | (x[:, 1] > 0), 15, support=(0, 1, 2))
+  cov = boolean.class_coverage(task, [task.support])
+  x = boolean.cube(15)[~task.seen(boolean.cube(15))]
+  # x2 = +1: sum −1, seen only at targets +1 → predicted +1, right; x2 = −1: sum −3, unseen.
+  np.testing.assert_array_equal(cov.covered_U, x[:, 2] > 0)
+  np.testing.assert_allclose(cov.predicted_U[cov.covered_U], 1.0)
+  mdi = boolean.mdi_values(task)[~task.seen(boolean.cube(15))]
+  np.testing.assert_allclose(cov.predicted_U[~cov.covered_U], mdi[~cov.covered_U])
+  expected = 0.5 + 0.5 * np.mean(np.sign(mdi[x[:, 2] < 0]) == -1.0)
+  assert cov.predicted_accuracy_unseen == pytest.approx(expected)
+
+
+def test_coverage_cyclic3_windows_all_occur_in_the_seen_data():
+  # The unseen point's windows (−1, −1, −1) at 0..2 occur elsewhere in seen points, and a
+  # per-pattern value summed over windows represents Σ x_i x_{i+1} x_{i+2} exactly.
+  task = boolean.get_task("cyclic3")
+  windows = [tuple((i + j) % 15 for j in range(3)) for i in range(15)]
+  cov = boolean.class_coverage(task, windows, kind="window")
+  assert cov.covered_fraction == 1.0 and cov.predicted_accuracy_unseen == 1.0
+  y = boolean.make_splits(task, 0)["test"][1][~task.seen(boolean.cube(15))]
+  np.testing.assert_allclose(cov.predicted_U, y, atol=1e-6)
+  # As sums instead, the joint tuple of 15 window sums is the point itself: nothing seen.
+  assert boolean.class_coverage(task, windows, kind="sum").covered_fraction == 0.0
+
+
+def test_coverage_rejects_bad_groups():
+  task = boolean.get_task("2parity")
+  for groups, kind, match in (([], "sum", "non-empty"), ([(0, 15)], "sum", "0..14"),
+                              ([(0, 1)], "product", "kind"),
+                              ([(0, 1), (2,)], "window", "one length")):
+    with pytest.raises(ValueError, match=match):
+      boolean.class_coverage(task, groups, kind=kind)
