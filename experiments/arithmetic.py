@@ -47,6 +47,7 @@ from mpx.sweep import engine, optim
 from mpx.sweep.config import SweepConfig
 from mpx.tasks import arithmetic
 
+NAME = "arithmetic"  # `mpx run arithmetic`; also when imported as mpx.experiments.arithmetic.
 # The paper's data fraction per task (the fraction its table is for).
 DEFAULT_FRACTIONS = {"addition": 0.004, "multiplication": 0.03}
 

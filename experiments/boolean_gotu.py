@@ -41,6 +41,7 @@ from mpx.sweep import engine, optim
 from mpx.sweep.config import SweepConfig
 from mpx.tasks import boolean
 
+NAME = "boolean_gotu"  # `mpx run boolean_gotu`; also when imported as mpx.experiments.boolean_gotu.
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 
 # Per task: (learning rate, epochs) of the GOTU protocol (PAPER.md).
@@ -77,7 +78,7 @@ class Config(SweepConfig):
   attention: "reference", "jax" (`jax.nn.dot_product_attention`'s XLA path, the mask as
     a float32 bias) or "cudnn" (its fused cuDNN kernel: GPU with bfloat16 only).
   """
-  tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)
+  tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)  # Or your own, see boolean.register_task.
   schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")
   seeds: int = 10
   width: int = 256
@@ -118,9 +119,14 @@ class Config(SweepConfig):
                        "protocol's per-task value).")
     if not self.probe_size >= 8:
       raise ValueError(f"probe_size={self.probe_size} must be >= 8.")
-    unknown = [t for t in self.tasks if t not in TASK_PROTOCOL]
-    if unknown:
-      raise ValueError(f"unknown tasks {unknown}; choose from {tuple(TASK_PROTOCOL)}.")
+    unknown = [t for t in self.tasks if t not in boolean.task_names()]
+    if unknown or not self.tasks:
+      raise ValueError(f"unknown tasks {unknown or '()'}; choose from "
+                       f"{boolean.task_names()} (your own: boolean.register_task).")
+    unset = [t for t in self.tasks if t not in TASK_PROTOCOL]
+    if unset and (self.learning_rate is None or self.epochs is None):
+      raise ValueError(f"tasks {unset} have no GOTU protocol: set learning_rate and epochs "
+                       "(e.g. --set learning_rate=1e-3 --set epochs=8, as the cpu preset).")
     bad = [s for s in self.schemes if s not in schemes.SCHEMES]
     if bad:
       raise ValueError(f"unknown schemes {bad}; choose from {schemes.SCHEMES}.")
@@ -132,35 +138,46 @@ class Config(SweepConfig):
 
 
 def task_prior(task: str, strength: float) -> jax.Array:
-  """The mask prior of each task: the interaction structure of its target."""
-  if task == "2parity":
-    return priors.parity_prior(15, (0, 1), strength)
+  """The mask prior of each task: the interaction structure of its target. Majority
+  suppresses the per-bit shortcut, Cyclic3 has its windows; any other task (2Parity and
+  the user's own) gets the clique over its `support`."""
+  spec = boolean.get_task(task)
   if task == "majority3":
-    return priors.majority_prior(15, (0, 1, 2), strength)
-  return priors.cyclic_prior(15, 3, strength)
+    return priors.majority_prior(spec.n_bits, spec.support, strength)
+  if task == "cyclic3":
+    return priors.cyclic_prior(spec.n_bits, 3, strength)
+  return priors.parity_prior(spec.n_bits, _support(task), strength)
 
 
 # --------------------------------------------------------------------------- designs
 # A design maps (task, strength, depth, num_heads) to one prior per layer. Layers without
 # a prior get the neutral one, so designs differ only in values and share one program.
 
-N_BITS = 15
-N_TOKENS = N_BITS + 1
-SUPPORT = {"2parity": (0, 1), "majority3": (0, 1, 2), "cyclic3": tuple(range(N_BITS))}
+def _support(task: str) -> tuple[int, ...]:
+  support = boolean.get_task(task).support
+  if not support:
+    raise ValueError(f"task {task!r} has no support: give make_task(..., support=...) the "
+                     "bits its target depends on, which the mask prior is built from.")
+  return support
+
+
+def _n_tokens(task: str) -> int:
+  return boolean.get_task(task).n_bits + 1  # CLS, then one token per bit.
 
 
 def _adjacency(task: str, **options) -> np.ndarray:
   """The task's interaction graph with `priors.boolean_adjacency` options."""
+  n_bits = boolean.get_task(task).n_bits
   if task == "cyclic3":
-    edges = [(i, j) for i in range(N_BITS) for j in range(N_BITS)
-             if i != j and min((i - j) % N_BITS, (j - i) % N_BITS) < 3]
+    edges = [(i, j) for i in range(n_bits) for j in range(n_bits)
+             if i != j and min((i - j) % n_bits, (j - i) % n_bits) < 3]
     options = {"cls_row": "all", "cls_column": "all", **options}
-    return priors.boolean_adjacency(N_BITS, SUPPORT[task], support_edges=edges, **options)
-  return priors.boolean_adjacency(N_BITS, SUPPORT[task], **options)
+    return priors.boolean_adjacency(n_bits, _support(task), support_edges=edges, **options)
+  return priors.boolean_adjacency(n_bits, _support(task), **options)
 
 
 def _tokens(task: str) -> list[int]:
-  return [b + 1 for b in SUPPORT[task]]
+  return [b + 1 for b in _support(task)]
 
 
 def _every_layer(prior, depth: int) -> list[jax.Array]:
@@ -168,7 +185,8 @@ def _every_layer(prior, depth: int) -> list[jax.Array]:
 
 
 def _only_layer(prior, depth: int, layer: int) -> list[jax.Array]:
-  return [prior if i == layer % depth else priors.neutral(N_TOKENS) for i in range(depth)]
+  return [prior if i == layer % depth else priors.neutral(prior.shape[-1])
+          for i in range(depth)]
 
 
 def _clique(task, strength, depth, num_heads):
@@ -221,7 +239,7 @@ def _half_heads(task, strength, depth, num_heads):
   """The clique in the first half of the heads, the others free: a per-head prior keeps
   a structured path beside unconstrained ones."""
   prior = task_prior(task, strength)
-  free = priors.neutral(N_TOKENS)
+  free = priors.neutral(_n_tokens(task))
   heads = [prior if h < max(1, num_heads // 2) else free for h in range(num_heads)]
   return _every_layer(priors.stack_heads(heads), depth)
 
@@ -229,7 +247,7 @@ def _half_heads(task, strength, depth, num_heads):
 def _one_head_partner(task, strength, depth, num_heads):
   """Head 0 is partner-only, the other heads free: a single dedicated interaction head."""
   partner = _partner_only(task, strength, 1, num_heads)[0]
-  free = priors.neutral(N_TOKENS)
+  free = priors.neutral(_n_tokens(task))
   return _every_layer(priors.stack_heads([partner] + [free] * (num_heads - 1)), depth)
 
 
@@ -250,7 +268,7 @@ def _others_all(task, strength, depth, num_heads):
 
 def _cls_only(task, strength, depth, num_heads):
   """Only the CLS row is constrained (CLS reads CLS + support); every other row free."""
-  allowed = np.ones((N_TOKENS, N_TOKENS), bool)
+  allowed = np.ones((_n_tokens(task),) * 2, bool)
   allowed[0] = _adjacency(task)[0]
   return _every_layer(priors.from_adjacency(allowed, strength), depth)
 
@@ -337,7 +355,7 @@ def make_model(config: Config) -> TokenTransformer:
 
 
 def _member_hparams(config: Config, task: str, scheme: str) -> dict[str, float]:
-  lr = TASK_PROTOCOL[task][0] if config.learning_rate is None else config.learning_rate
+  lr = config.learning_rate if config.learning_rate is not None else TASK_PROTOCOL[task][0]
   return {"learning_rate": lr, "weight_decay": config.weight_decay,
           "mask_strength": config.mask_strength,
           "mask_lr_multiplier": config.mask_lr_multiplier if scheme == "mask" else 0.0}
@@ -418,11 +436,12 @@ def member_patterns(config: Config, task: str, label: str, design: str | None
   if label.partition(":")[0] == "mask":
     layers = mask_design(design, task, config.mask_strength, config.depth, heads)
     if config.mask_layers is not None:  # Layers without a mask leaf carry no prior.
-      layers = [p if i in config.mask_layers else priors.neutral(N_TOKENS)
+      layers = [p if i in config.mask_layers else priors.neutral(_n_tokens(task))
                 for i, p in enumerate(layers)]
   else:
     layers = [task_prior(task, config.mask_strength)] * config.depth
-  return {f"block_{i}": np.broadcast_to(np.asarray(p) > 0, (heads, N_TOKENS, N_TOKENS))
+  n_tokens = _n_tokens(task)
+  return {f"block_{i}": np.broadcast_to(np.asarray(p) > 0, (heads, n_tokens, n_tokens))
           for i, p in enumerate(layers)}
 
 
@@ -466,7 +485,7 @@ def build_group(config: Config, task_name: str) -> engine.Group:
   splits = [boolean.make_splits(task, m.seed)["train"] for m in members]
   train_data = {"x": jnp.asarray(np.stack([x for x, _ in splits])),
                 "y": jnp.asarray(np.stack([y for _, y in splits]))}
-  epochs = TASK_PROTOCOL[task_name][1] if config.epochs is None else config.epochs
+  epochs = config.epochs if config.epochs is not None else TASK_PROTOCOL[task_name][1]
   steps = epochs * (train_data["x"].shape[1] // config.batch_size)
   return engine.Group(
       name=task_name, members=members, init_params=init_params, loss_fn=loss_fn,

@@ -181,10 +181,36 @@ def _builtin_task(name: str) -> BooleanTask:
   return _BUILTIN[name]()
 
 
+_REGISTERED: dict[str, BooleanTask] = {}
+
+
+def register_task(task: BooleanTask) -> BooleanTask:
+  """Makes a task of yours (`make_task`) known by its name, so experiments train it like
+  the built-in ones (`mpx run boolean_gotu --set tasks=NAME` from a file that registers
+  it). Registering a name again replaces the earlier task; built-in names are reserved."""
+  if not isinstance(task, BooleanTask):
+    raise ValueError(f"register_task takes a BooleanTask (from make_task); got "
+                     f"{type(task).__name__}.")
+  if task.name in _BUILTIN:
+    raise ValueError(f"{task.name!r} is a built-in task; give yours another name.")
+  _REGISTERED[task.name] = task
+  return task
+
+
+def task_names() -> tuple[str, ...]:
+  """The built-in tasks, then the registered ones."""
+  return TASKS + tuple(n for n in _REGISTERED if n not in TASKS)
+
+
 def get_task(name: str) -> BooleanTask:
-  """The GOTU task of PAPER.md by name (one shared instance per name, so caches hit)."""
+  """A task by name: the GOTU tasks of PAPER.md (one shared instance per name, so caches
+  hit) or one registered with `register_task`."""
+  if name in _REGISTERED:
+    return _REGISTERED[name]
   if name not in _BUILTIN:
-    raise ValueError(f"unknown Boolean task {name!r}; valid names: {', '.join(TASKS)}.")
+    raise ValueError(f"unknown Boolean task {name!r}; valid names: "
+                     f"{', '.join(task_names())} (define yours with make_task and "
+                     "register_task).")
   return _builtin_task(name)
 
 
