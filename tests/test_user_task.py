@@ -51,3 +51,19 @@ def test_unknown_and_unprotocolled_tasks_are_errors(parity3):
   _, config = config_lib.make_config(gotu, "tiny", ["tasks=nosupport"])
   with pytest.raises(ValueError, match="support"):
     gotu.build_group(config, "nosupport")
+
+
+def test_an_experiment_file_of_ones_own_loads(tmp_path):
+  """The README's command-line route: a file that registers a task and star-imports the
+  Boolean experiment is an experiment `mpx run` accepts."""
+  path = tmp_path / "my_tasks.py"
+  path.write_text(
+      "from mpx.experiments.boolean_gotu import *\n"
+      "from mpx.tasks import boolean\n"
+      "boolean.register_task(boolean.make_task(\n"
+      "    'parity3b', target=lambda x: x[:, 0] * x[:, 1] * x[:, 2],\n"
+      "    seen=lambda x: (x[:, 0] > 0) | (x[:, 1] > 0), n_bits=15, support=(0, 1, 2)))\n")
+  experiment = config_lib.load_experiment(str(path))
+  _, config = config_lib.make_config(experiment, "quick", ["tasks=parity3b"])
+  assert config.tasks == ("parity3b",)
+  assert [g.name for g in experiment.build_groups(config)] == ["parity3b"]
