@@ -169,13 +169,9 @@ def _persistence(model, loss_fn, params, initial, probe, allowed, answer_rows,
   layers = diagnostics.persistence_metrics(
       model.apply, loss_fn, params, initial, (probe["tokens"][:, :-1],), probe, allowed,
       map_layers=first_last, query_rows=answer_rows)
-  mean = lambda key: float(np.mean([v[key] for v in layers.values() if key in v]))
-  out = {"layers": layers, "fidelity": mean("fidelity"), "fidelity_init": fidelity_init,
-         "drift_qk": float(np.mean([mean("drift_query"), mean("drift_key")])),
-         "prior_pattern": np.asarray(allowed, float).tolist()}
-  if any("drift_mask" in v for v in layers.values()):
-    out["drift_mask"] = mean("drift_mask")
-  return out
+  return {"layers": layers, "fidelity_init": fidelity_init,
+          "prior_pattern": np.asarray(allowed, float).tolist(),
+          **diagnostics.layer_means(layers)}
 
 
 def make_evaluate(model, task: arithmetic.ArithmeticTask, test_tokens_TS: np.ndarray,

@@ -371,15 +371,10 @@ def _persistence(model, loss_fn, params, initial, probe, patterns, fidelity_init
   layers = diagnostics.persistence_metrics(
       model.apply, loss_fn, params, initial, (boolean_tokens(probe["x"]),), seen, patterns,
       map_layers=first_last, example_groups={"seen": probe["seen"], "unseen": ~probe["seen"]})
-  mean = lambda key: float(np.mean([v[key] for v in layers.values() if key in v]))
-  out = {"layers": layers, "fidelity": mean("fidelity"), "fidelity_init": fidelity_init,
-         "fidelity_seen": mean("fidelity_seen"), "fidelity_unseen": mean("fidelity_unseen"),
-         "drift_qk": float(np.mean([mean("drift_query"), mean("drift_key")])),
-         # The last layer's pattern, as the share of heads allowing each pair (heatmaps).
-         "prior_pattern": np.asarray(patterns[first_last[-1]]).mean(0).round(4).tolist()}
-  if any("drift_mask" in v for v in layers.values()):
-    out["drift_mask"] = mean("drift_mask")
-  return out
+  return {"layers": layers, "fidelity_init": fidelity_init,
+          # The last layer's pattern, as the share of heads allowing each pair (heatmaps).
+          "prior_pattern": np.asarray(patterns[first_last[-1]]).mean(0).round(4).tolist(),
+          **diagnostics.layer_means(layers, ("fidelity", "fidelity_seen", "fidelity_unseen"))}
 
 
 def make_evaluate(model, task: boolean.BooleanTask, points_per_call: int, loss_fn=None,

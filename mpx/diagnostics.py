@@ -170,3 +170,16 @@ def persistence_metrics(apply_fn: Callable, loss_fn: Callable, params: PyTree,
       if layer in map_layers:
         out[layer]["attention_map"] = np.round(maps[layer].astype(np.float64), 4).tolist()
   return out
+
+
+def layer_means(layers: Mapping[str, Mapping[str, Any]],
+                fidelity_keys: Sequence[str] = ("fidelity",)) -> dict[str, float]:
+  """`persistence_metrics`' per-layer values as the flat metrics of a summary table: the
+  mean over layers of each of `fidelity_keys`, `drift_qk` (of W_Q and W_K together) and,
+  where the layers have a mask, `drift_mask`."""
+  mean = lambda key: float(np.mean([v[key] for v in layers.values() if key in v]))
+  out = {key: mean(key) for key in fidelity_keys}
+  out["drift_qk"] = float(np.mean([mean("drift_query"), mean("drift_key")]))
+  if any("drift_mask" in v for v in layers.values()):
+    out["drift_mask"] = mean("drift_mask")
+  return out
