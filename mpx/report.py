@@ -404,7 +404,7 @@ class Progress:
 
   BAR_WIDTH = 20
 
-  def __init__(self, total_steps: int, *, start_step: int = 0, stream: TextIO = sys.stderr,
+  def __init__(self, total_steps: int, *, start_step: int = 0, stream: TextIO | None = None,
                min_interval_s: float = 1.0, label: str = "",
                clock: Callable[[], float] = time.monotonic):
     if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
@@ -413,11 +413,13 @@ class Progress:
       raise ValueError(f"start_step must lie in [0, total_steps={total_steps}]; "
                        f"got {start_step!r}.")
     self.total = total_steps
-    self.stream = stream
+    # Looked up per instance, not bound at import: a replaced sys.stderr (pytest's capture)
+    # may be closed by the time a later run reports progress.
+    self.stream = sys.stderr if stream is None else stream
     self.min_interval_s = min_interval_s
     self.label = label
     self.clock = clock
-    isatty = getattr(stream, "isatty", None)
+    isatty = getattr(self.stream, "isatty", None)
     self.tty = bool(isatty and isatty())
     self._first: tuple[float, int] | None = None  # (time, step) of the first update.
     self._last_print: float | None = None
