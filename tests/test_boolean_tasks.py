@@ -418,6 +418,9 @@ def test_coverage_2parity_has_no_seen_class_for_its_unseen_sum():
   assert cov.covered_fraction == 0.0 and not cov.covered_U.any()
   assert cov.predicted_accuracy_unseen == cov.mdi_accuracy_unseen == 0.0
   np.testing.assert_allclose(cov.predicted_U, -3.0, atol=1e-5)  # The MDI x0 + x1 − 1.
+  # As one window, its unseen pattern (−1, −1) never occurs among the seen points either.
+  window = boolean.class_coverage(boolean.get_task("2parity"), [(0, 1)], kind="window")
+  assert window.covered_fraction == 0.0 and window.predicted_accuracy_unseen == 0.0
 
 
 def test_coverage_majority_covers_the_half_with_sum_minus_one():
