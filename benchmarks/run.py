@@ -38,6 +38,7 @@ import torch_reference  # noqa: E402
 from mpx.nn import boolean_tokens  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import engine, optim  # noqa: E402
+from mpx.tasks import boolean_gotu  # noqa: E402
 
 README = ROOT / "benchmarks" / "README.md"
 EXPERIMENT = ROOT / "experiments" / "boolean_gotu.py"
@@ -120,13 +121,13 @@ def experiment_config(scale: str, members: int):
 
 def make_group(scale: str, members: int) -> engine.Group:
   experiment, cfg = experiment_config(scale, members)
-  return experiment.build_group(cfg, "2parity")
+  return experiment.build_groups(cfg)[0]
 
 
 def torch_scale(scale: str) -> torch_reference.Scale:
   """The torch model's settings, checked against the experiment's preset."""
   experiment, cfg = experiment_config(scale, 1)
-  learning_rate = (experiment.TASK_PROTOCOL["2parity"][0] if cfg.learning_rate is None
+  learning_rate = (boolean_gotu.TASK_PROTOCOL["2parity"][0] if cfg.learning_rate is None
                    else cfg.learning_rate)
   ours = torch_reference.Scale(cfg.width, cfg.depth, cfg.num_heads, cfg.head_dim,
                                cfg.mlp_dim, learning_rate, cfg.weight_decay,
@@ -141,7 +142,7 @@ def check_param_counts(scale: str) -> int:
   """Asserts the torch and mpx models have the same number of parameters."""
   experiment, cfg = experiment_config(scale, 1)
   tokens = boolean_tokens(jnp.ones((1, torch_reference.N_BITS)))
-  shapes = jax.eval_shape(experiment.make_model(cfg).init, jax.random.key(0), tokens)
+  shapes = jax.eval_shape(boolean_gotu.make_model(cfg).init, jax.random.key(0), tokens)
   ours = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes["params"]))
   theirs = torch_reference.num_params(torch_reference.TokenTransformer(torch_scale(scale)))
   assert ours == theirs, f"{scale}: mpx has {ours:,} params, torch {theirs:,}"
@@ -183,12 +184,10 @@ def compiled_chunk(scale: str, members: int, steps: int):
   """The benchmarked program, K members × `steps` steps compiled, with its inputs:
   `(chunk, state, hparams, data, compile seconds)`."""
   group = make_group(scale, members)
-  hparams = optim.stack_hparams([m.hparams for m in group.members])
-  state = engine.init_state(group)
+  state, hparams, data = engine.place(group, engine.init_state(group), None)
   start = time.perf_counter()
-  chunk = engine.make_train_chunk(group, steps).lower(state, hparams, group.train_data)
-  chunk = chunk.compile()
-  return chunk, state, hparams, group.train_data, time.perf_counter() - start
+  chunk = engine.make_train_chunk(group, steps).lower(state, hparams, data).compile()
+  return chunk, state, hparams, data, time.perf_counter() - start
 
 
 def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
@@ -203,14 +202,14 @@ def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
   if need > have:  # Skip rather than have the OOM killer end the whole run.
     return Row(scale, "mpx vmapped", members, float("nan"), compile_s, gflop,
                f"skipped: needs {_size(need)}, {_size(have)} available")
-  state, loss = chunk(state, hparams, data)
-  jax.block_until_ready(loss)
+  state, out = chunk(state, hparams, data)
+  jax.block_until_ready(out)
   start = time.perf_counter()
   for _ in range(repeats):
-    state, loss = chunk(state, hparams, data)
-  jax.block_until_ready(loss)
+    state, out = chunk(state, hparams, data)
+  jax.block_until_ready(out)
   seconds = time.perf_counter() - start
-  assert np.all(np.isfinite(np.asarray(loss))), "non-finite loss"
+  assert np.all(np.isfinite(np.asarray(out["train_loss"]))), "non-finite loss"
   return Row(scale, "mpx vmapped", members, members * steps * repeats / seconds, compile_s,
              gflop, _size(need))
 
@@ -219,13 +218,22 @@ def time_loop(scale: str, members: int, steps: int) -> Row:
   """K members one after another, each `steps` calls of a jitted single-member step
   (state donated, dispatch asynchronous): the loop a user writes without the member axis."""
   group = make_group(scale, 1)
-  per_epoch = group.num_examples // group.batch_size
+  num_examples = group.data.num_examples
+  per_epoch = num_examples // group.batch_size
   first = lambda tree: engine.unstack(tree, 0)
   hparams = first(optim.stack_hparams([m.hparams for m in group.members]))
-  data = first(group.train_data)
+  data = {k: jnp.asarray(v) for k, v in group.data.arrays.items()}
   order_of = jax.jit(lambda raw_key, epoch: engine.epoch_order(
-      jax.random.wrap_key_data(raw_key), epoch, group.num_examples))
-  step_fn = jax.jit(engine.make_member_step(group), donate_argnums=(0, 1))
+      jax.random.wrap_key_data(raw_key), epoch, num_examples))
+  member_step = engine.make_member_step(group.task.loss, group.optim)
+
+  def one_step(params, opt_state, key, alive, diverged, hparams, data, order, step):
+    position = step % per_epoch
+    idx = jax.lax.dynamic_slice_in_dim(order, position * group.batch_size, group.batch_size)
+    batch = {name: array[idx] for name, array in data.items()}
+    return member_step(params, opt_state, key, alive, diverged, hparams, batch, step)
+
+  step_fn = jax.jit(one_step, donate_argnums=(0, 1))
 
   def fresh_member():
     """(params, opt_state, key, alive, diverged_step) of one un-stacked member."""
@@ -234,9 +242,9 @@ def time_loop(scale: str, members: int, steps: int) -> Row:
 
   def call(member, order, step):
     params, opt_state, key, alive, diverged = member
-    *new, loss = step_fn(params, opt_state, key, alive, diverged, hparams, data, order,
-                         jnp.int32(step))
-    return (new[0], new[1], key, new[2], new[3]), loss
+    *new, scalars = step_fn(params, opt_state, key, alive, diverged, hparams, data, order,
+                            jnp.int32(step))
+    return (new[0], new[1], key, new[2], new[3]), scalars["loss"]
 
   members_state = [fresh_member() for _ in range(members)]
   order = order_of(members_state[0][2], 0)

@@ -60,20 +60,24 @@ def _run_command(args) -> int:
   except run_lib.Preempted as e:
     print(f"mpx run: {e} Continue with the same command and --resume.", file=sys.stderr)
     return run_lib.PREEMPTED_EXIT_CODE
-  try:
+  try:  # Drawn by default: summary.md links plots/overview.png.
     from mpx import plotting
-    print(f"plots: {len(plotting.plot_run(run_dir))} PNG files in {run_dir}/plots",
-          file=sys.stderr)
-  except ImportError as e:
+    print(f"plots: {_plots_line(plotting.plot_run(run_dir), run_dir)}", file=sys.stderr)
+  except (ImportError, ValueError) as e:  # The run itself succeeded: say why, exit 0.
     print(f"no plots: {e}", file=sys.stderr)
   return 0
 
 
 def _plot_command(args) -> int:
   from mpx import plotting
-  written = plotting.plot_run(args.run_dir)
-  print(f"wrote {len(written)} plots into {args.run_dir}/plots")
+  print(f"wrote {_plots_line(plotting.plot_run(args.run_dir), args.run_dir)}")
   return 0
+
+
+def _plots_line(written: list[str], run_dir) -> str:
+  """"N PNG files in RUN_DIR/plots", pointing at the overview when there is one."""
+  first = f", start with {written[0]}" if written and written[0].endswith("overview.png") else ""
+  return f"{len(written)} PNG files in {run_dir}/plots{first}"
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 
@@ -147,8 +148,191 @@ def _plot_degree_profiles(records, task, path):
   plt.close(fig)
 
 
+OVERVIEW_FILE = "overview.png"
+
+
+def _load_summary(run_dir: pathlib.Path) -> dict:
+  from mpx import report
+  path = run_dir / report.SUMMARY_JSON
+  if not path.is_file():
+    raise ValueError(f"{path} is missing: the overview plots a finished run's summary "
+                     "(mpx run writes it at the end); the curves need only metrics.jsonl.")
+  with open(path, encoding="utf-8") as f:
+    summary = json.load(f)
+  if not summary.get("members"):
+    raise ValueError(f"{path} lists no members; nothing to plot.")
+  return summary
+
+
+def headline_metric(summary) -> str:
+  """The metric the overview leads with: the first one the paper gives a number for (what
+  a run is compared on), else the first in summary.json (where keys are sorted)."""
+  names = list(dict.fromkeys(k for m in summary["members"] for k in m["metrics"]))
+  in_paper = {k for schemes in summary["paper"].values() for metrics in schemes.values()
+              for k in metrics}
+  for name in names:
+    if name in in_paper:
+      return name
+  if not names:
+    raise ValueError("the summary's members record no metrics; nothing to plot.")
+  return names[0]
+
+
+def _varying_hparams(members) -> dict[str, list[str]]:
+  """Per task, the hparams (not the seed) whose value differs between members of one
+  scheme, e.g. a data fraction; one set per scheme (a mask-only learning rate) does not
+  split the scheme's box."""
+  values: dict = {}
+  for m in members:
+    task = values.setdefault(m["task"], {})
+    for k, v in m["hparams"].items():
+      if k != "seed":
+        task.setdefault((m["scheme"], k), set()).add(json.dumps(v))
+  return {task: sorted({k for (_, k), vs in hp.items() if len(vs) > 1})
+          for task, hp in values.items()}
+
+
+def _cell(entry, varying: list[str]) -> tuple:
+  """The x-axis box of a member or record: its scheme and the values of `varying`."""
+  return (entry["scheme"], *(json.dumps((entry.get("hparams") or {}).get(k)) for k in varying))
+
+
+def _cell_name(cell: tuple, varying: list[str], sep: str = "\n") -> str:
+  values = [json.loads(v) for v in cell[1:]]
+  return sep.join([cell[0], *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                              for k, v in zip(varying, values))])
+
+
+def _number(x) -> float | None:
+  """A finite float, or None (JSON null, a non-number, NaN)."""
+  if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+    return None
+  return float(x)
+
+
+def _jitter(n: int, width: float = 0.3) -> np.ndarray:
+  """Evenly spread x offsets for the n points of a strip: deterministic, unlike noise."""
+  return np.linspace(-width / 2, width / 2, n) if n > 1 else np.zeros(n)
+
+
+def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
+  """Every seed as a point, the mean over the non-diverged seeds as a bar, the paper's
+  number as a red tick."""
+  from mpx import report
+  scale = 100.0 if report.is_percent_metric(metric) else 1.0
+  mine = [m for m in members if m["task"] == task]
+  cells = list(dict.fromkeys(_cell(m, varying) for m in mine))
+  ticks = []
+  for x, cell in enumerate(cells):
+    seeds = [m for m in mine if _cell(m, varying) == cell]
+    values_S = np.array([v for m in seeds if not m["diverged"]
+                         and (v := _number(m["metrics"].get(metric))) is not None])
+    if len(values_S):
+      ax.bar(x, scale * values_S.mean(), width=0.6, color=colors[cell[0]], alpha=0.35)
+      ax.scatter(x + _jitter(len(values_S)), scale * values_S, color=colors[cell[0]], s=18,
+                 zorder=3)
+    value = _number(paper.get(task, {}).get(cell[0], {}).get(metric))
+    if value is not None:  # Across the bar, so a mean reads off against it.
+      ax.hlines(scale * value, x - 0.3, x + 0.3, color="red", linewidth=2.5, zorder=4)
+    n_diverged = sum(bool(m["diverged"]) for m in seeds)
+    ticks.append(f"{_cell_name(cell, varying)}\nn={len(seeds)}"
+                 + (f" ({n_diverged} diverged)" if n_diverged else ""))
+  ax.set_xticks(range(len(cells)), ticks, fontsize="small")
+  if scale == 100.0:
+    ax.set_ylim(0.0, 105.0)
+  else:
+    ax.use_sticky_edges = False  # A margin beyond the bars, so a paper value 0 shows.
+    ax.autoscale_view()
+  ax.set_ylabel(f"{metric} (%)" if scale == 100.0 else metric)
+  ax.set_title(f"{task}: final {metric}: seeds (points), mean (bar), paper (red)",
+               fontsize="medium")
+
+
+def _fidelity_curves(records, members, varying, task) -> dict:
+  """{cell: (steps_T, fidelity_ST)} of one task over its non-diverged seeds, at the steps
+  every seed was evaluated; a seed without a step-0 record starts at its `fidelity_init`."""
+  diverged = {(_cell(m, varying), m["seed"]) for m in members
+              if m["task"] == task and m["diverged"]}
+  by_cell: dict = {}
+  for r in records:
+    if r["task"] != task or _number(r.get("fidelity")) is None:
+      continue
+    cell = _cell(r, varying)
+    if (cell, r["seed"]) in diverged:
+      continue
+    history = by_cell.setdefault(cell, {}).setdefault(r["seed"], {})
+    if _number(r.get("fidelity_init")) is not None:
+      history.setdefault(0, r["fidelity_init"])
+    history[r["step"]] = r["fidelity"]
+  out = {}
+  for cell, seeds in by_cell.items():
+    steps_T = sorted(set.intersection(*(set(h) for h in seeds.values())))
+    out[cell] = (np.array(steps_T),
+                 np.array([[h[t] for t in steps_T] for h in seeds.values()], np.float64))
+  return out
+
+
+def _fidelity_panel(ax, curves, varying, task, colors) -> None:
+  styles, drawn = ("-", "--", ":", "-."), []  # A scheme's colour, a style per hparam value.
+  for cell, (steps_T, fidelity_ST) in curves.items():
+    color, style = colors[cell[0]], styles[drawn.count(cell[0]) % len(styles)]
+    drawn.append(cell[0])
+    ax.plot(steps_T, fidelity_ST.mean(0), color=color, linestyle=style,
+            marker="o" if len(steps_T) < 20 else None, markersize=3,
+            label=f"{_cell_name(cell, varying, ', ')} (n={len(fidelity_ST)})")
+    ax.fill_between(steps_T, fidelity_ST.min(0), fidelity_ST.max(0), color=color, alpha=0.15)
+  ax.set_ylim(0.0, 1.02)
+  ax.set_xlabel("training step")
+  ax.set_ylabel("fidelity (attention mass on the prior)")
+  ax.set_title(f"{task}: prior fidelity, mean over seeds, min–max band", fontsize="medium")
+  ax.legend(fontsize="small")
+
+
+def plot_overview(run_dir, metric: str | None = None, *, records=None) -> str:
+  """The figure to look at first, RUN_DIR/plots/overview.png; returns its path.
+
+  One row per task. Left: the final `metric` (default `headline_metric`) of every seed per
+  scheme, their mean, and the paper's number. Right, when the run recorded persistence
+  diagnostics: the prior's fidelity over training per scheme. Reads summary.json and
+  metrics.jsonl (`records`, when the caller has read it already).
+  """
+  from mpx import report
+  run_dir = pathlib.Path(run_dir)
+  summary = _load_summary(run_dir)
+  members, paper = summary["members"], summary["paper"]
+  metric = metric or headline_metric(summary)
+  if not any(metric in m["metrics"] for m in members):
+    recorded = sorted({k for m in members for k in m["metrics"]})
+    raise ValueError(f"no member of {run_dir / report.SUMMARY_JSON} records {metric!r}; "
+                     f"it records {recorded}.")
+  if records is None:
+    records = report.read_metrics(run_dir) if (run_dir / report.METRICS_FILE).exists() else []
+  tasks = list(dict.fromkeys(m["task"] for m in members))
+  varying = _varying_hparams(members)
+  colors = {s: f"C{i % 10}" for i, s in enumerate(dict.fromkeys(m["scheme"] for m in members))}
+  curves = {t: _fidelity_curves(records, members, varying[t], t) for t in tasks}
+  cols = 2 if any(curves.values()) else 1
+  plt = _pyplot()
+  fig, axes = plt.subplots(len(tasks), cols, figsize=(6.4 * cols, 3.8 * len(tasks)),
+                           squeeze=False, layout="constrained")
+  for row, task in zip(axes, tasks):
+    _strip_panel(row[0], members, varying[task], task, metric, paper, colors)
+    if cols == 2 and curves[task]:
+      _fidelity_panel(row[1], curves[task], varying[task], task, colors)
+    elif cols == 2:
+      row[1].axis("off")
+  fig.suptitle(f"{summary['experiment']} (preset {summary['preset']}): overview")
+  out_dir = run_dir / "plots"
+  out_dir.mkdir(exist_ok=True)
+  path = out_dir / OVERVIEW_FILE
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return str(path)
+
+
 def plot_run(run_dir) -> list[str]:
-  """Figures of a run's metrics.jsonl into RUN_DIR/plots/: per task, one figure per metric,
+  """Figures of a run into RUN_DIR/plots/: first `plot_overview` (once summary.json is
+  there), then from metrics.jsonl per task one figure per metric,
   mean over seeds with a min–max band per scheme; per-layer persistence metrics and
   attention heatmaps (init, mid, end beside the prior) for the first and last layer, and
   the degree profile over training, when the run recorded them. Returns the files written."""
@@ -161,6 +345,8 @@ def plot_run(run_dir) -> list[str]:
   out_dir.mkdir(exist_ok=True)
   tasks = sorted({r["task"] for r in records})
   written = []
+  if (run_dir / report.SUMMARY_JSON).exists():  # A run still training has none yet.
+    written.append(plot_overview(run_dir, records=records))
   for metric in CURVE_METRICS:
     curves = _curves(records, lambda r: r.get(metric))
     for task in tasks:

@@ -5,7 +5,10 @@ A run directory holds
   metrics.jsonl  one JSON object per member per evaluation, appended and fsynced as
                  training goes, so a SIGKILL loses nothing already written;
   summary.json   {"experiment", "preset", "members", "paper"}: the final numbers;
-  summary.md     the same as a Markdown table, mpx's numbers beside the paper's.
+  summary.md     the same as a Markdown table, mpx's numbers beside the paper's, below a
+                 link to plots/overview.png;
+  tensorboard/   when tensorboardX is installed (pip install mpx[tensorboard]): the
+                 numeric metrics of metrics.jsonl as TensorBoard scalars.
 
 Conventions, chosen once here so every experiment reports alike:
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +35,8 @@ import numpy as np
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
+TENSORBOARD_DIR = "tensorboard"
+OVERVIEW_LINK = "![overview](plots/overview.png)"
 
 # Keys a member record sets itself; a metric may not reuse them.
 RECORD_KEYS = ("step", "task", "scheme", "seed", "hparams", "diverged", "member")
@@ -121,6 +127,72 @@ def _check_step(step: Any, what: str) -> int:
   return int(step)
 
 
+# ----------------------------------------------------------------------------- TensorBoard
+
+# The characters TensorBoard allows in a tag; tensorboardX replaces others by "_" (and logs
+# it), so tags are cleaned here to be known in advance.
+_TAG_CHARS = re.compile(r"[^-/\w.]")
+TENSORBOARD_NOTE = ("mpx: TensorBoard event files are off; pip install mpx[tensorboard] "
+                    "(tensorboardX) would add them under RUN_DIR/tensorboard/.")
+
+
+def tensorboard_scalars(record: Mapping[str, Any]) -> list[tuple[str, float]]:
+  """`(tag, value)` for each finite int or float at the top level of a record.
+
+  The tag is "{group or task}/{scheme}/seed{seed}/{metric}" (parts a record lacks are left
+  out): one event file for the whole sweep, however many members, and TensorBoard shows
+  one section per group. The group (sweep records carry it, unique in a run) stands
+  before the task because it tells apart members that only differ in hparams, e.g. the
+  data fractions of an arithmetic sweep ("addition-f0.01"); a GOTU group is the task.
+  Identity keys (step, seed, member, ...), bools and non-finite values are skipped.
+  """
+  r = to_jsonable(record)
+  head = [str(v) for v in (r.get("group", r.get("task")), r.get("scheme")) if v is not None]
+  if r.get("seed") is not None:
+    head.append(f"seed{r['seed']}")
+  out = []
+  for name, value in r.items():  # to_jsonable has made non-finite floats None.
+    if name in RECORD_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
+      continue
+    out.append((_TAG_CHARS.sub("_", "/".join([*head, name])), float(value)))
+  return out
+
+
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, or None when it is not installed."""
+  try:
+    from tensorboardX import SummaryWriter
+  except ImportError:
+    return None
+  return SummaryWriter
+
+
+def _add_scalars(writer, records: Iterable[Mapping[str, Any]]) -> None:
+  for r in records:
+    for tag, value in tensorboard_scalars(r):
+      writer.add_scalar(tag, value, global_step=r["step"])
+
+
+def _open_tensorboard(run_dir: str, replay: Sequence[Mapping[str, Any]]):
+  """A SummaryWriter on RUN_DIR/tensorboard holding `replay`, or None (and one note on
+  stderr) without tensorboardX. Earlier event files are removed: they mirror a log that
+  the caller has just truncated or found empty."""
+  writer_class = _summary_writer_class()
+  if writer_class is None:
+    print(TENSORBOARD_NOTE, file=sys.stderr)
+    return None
+  log_dir = os.path.join(run_dir, TENSORBOARD_DIR)
+  if os.path.isdir(log_dir):
+    for name in os.listdir(log_dir):
+      if name.startswith("events.out.tfevents."):
+        os.remove(os.path.join(log_dir, name))
+  # A large queue keeps add_scalar from blocking training; a flush every 10 s keeps a
+  # running TensorBoard current. close() writes whatever is still queued.
+  writer = writer_class(log_dir, max_queue=1000, flush_secs=10)
+  _add_scalars(writer, replay)
+  return writer
+
+
 # ----------------------------------------------------------------------------- metrics.jsonl
 
 
@@ -133,6 +205,11 @@ class MetricsWriter:
   (atomically). The kept lines are copied byte for byte, which makes a resumed log
   identical to an uninterrupted one. `keep` generalises this for runs of several
   groups, each checkpointed at its own step: a record survives iff `keep(record)`.
+
+  With tensorboardX installed, the numeric metrics also go to RUN_DIR/tensorboard/ (see
+  `tensorboard_scalars`). Those event files are derived from metrics.jsonl: on opening,
+  old ones are removed and the kept records replayed, so after a resume they hold exactly
+  what the log holds (TensorBoard cannot un-write the dropped steps of several groups).
   """
 
   def __init__(self, run_dir: str | os.PathLike, *, resume_step: int | None = None,
@@ -148,35 +225,45 @@ class MetricsWriter:
         raise FileExistsError(
             f"{self.path} already holds metrics of an earlier run; pass --resume to "
             "continue it, or choose another --out.")
-    elif os.path.exists(self.path):
-      self._truncate(keep)
+    kept: list[dict] = []
+    if keep is not None and os.path.exists(self.path):
+      kept = self._truncate(keep)
     self._file: TextIO | None = open(self.path, "a", encoding="utf-8", newline="\n")
+    self._tensorboard = _open_tensorboard(self.run_dir, kept)
 
-  def _truncate(self, keep: Callable[[dict], bool]) -> None:
+  def _truncate(self, keep: Callable[[dict], bool]) -> list[dict]:
+    """Drops the records `keep` rejects; returns the kept ones."""
     with open(self.path, encoding="utf-8", newline="") as f:
       text = f.read()
-    kept = [line for line, r in _parse_lines(self.path, text) if keep(r)]
-    _atomic_write(self.path, "".join(kept))
+    kept = [(line, r) for line, r in _parse_lines(self.path, text) if keep(r)]
+    _atomic_write(self.path, "".join(line for line, _ in kept))
+    return [r for _, r in kept]
 
   def write(self, records: Iterable[Mapping[str, Any]]) -> None:
-    """One sorted-key JSON line per record, then flush and fsync."""
+    """One sorted-key JSON line per record, then flush and fsync (then the scalars)."""
     if self._file is None:
       raise ValueError(f"MetricsWriter for {self.path} is closed; open a new one.")
-    lines = []
+    rows = []
     for r in records:
       if not isinstance(r, Mapping) or "step" not in r:
         raise ValueError(f"a metrics record must be a dict with a 'step'; got {r!r}. "
                          "Build records with member_record().")
       _check_step(r["step"], "record['step']")
-      lines.append(_dumps(r) + "\n")
-    self._file.write("".join(lines))
+      rows.append(to_jsonable(r))
+    self._file.write("".join(json.dumps(row, sort_keys=True, allow_nan=False) + "\n"
+                             for row in rows))
     self._file.flush()
     os.fsync(self._file.fileno())
+    if self._tensorboard is not None:
+      _add_scalars(self._tensorboard, rows)
 
   def close(self) -> None:
     if self._file is not None:
       self._file.close()
       self._file = None
+    if self._tensorboard is not None:
+      self._tensorboard.close()  # Drains the writer's queue into the event file.
+      self._tensorboard = None
 
   def __enter__(self) -> MetricsWriter:
     return self
@@ -353,7 +440,8 @@ def write_summary(run_dir: str | os.PathLike, *, experiment: str, preset: str,
   summary.json holds exactly {"experiment", "preset", "members", "paper"}: the per-seed
   final numbers and the paper's, from which any table can be recomputed. `paper` is
   `{task: {scheme: {metric: value}}}`, accuracies as fractions. `extra_tables` maps a
-  heading to a ready Markdown table appended to summary.md.
+  heading to a ready Markdown table appended to summary.md. summary.md links
+  plots/overview.png right below its heading.
   """
   run_dir = os.fspath(run_dir)
   os.makedirs(run_dir, exist_ok=True)
@@ -362,6 +450,8 @@ def write_summary(run_dir: str | os.PathLike, *, experiment: str, preset: str,
   rows = summarize(members, metric_names)
   n_diverged = sum(bool(m["diverged"]) for m in members)
   parts = [f"# {experiment} (preset {preset})\n",
+           # Drawn after this file by `mpx run` (mpx.plotting.plot_overview): linked always.
+           f"{OVERVIEW_LINK}\n",
            f"{len(members)} members, {n_diverged} diverged. Mean ± population std (ddof=0) "
            "over the seeds that did not diverge; \"paper\" is the paper's number, "
            f"\"{MISSING}\" where it gives none.\n",

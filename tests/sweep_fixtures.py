@@ -6,7 +6,7 @@ import numpy as np
 
 from mpx import priors, schemes
 from mpx.nn import TokenTransformer, boolean_tokens
-from mpx.sweep import engine, optim
+from mpx.sweep import DeviceData, EvalData, engine, optim
 
 N_BITS = 6
 MODEL = TokenTransformer(width=8, depth=1, num_heads=2, head_dim=4, mlp_dim=8)
@@ -25,39 +25,65 @@ def init_params(m):
                               head_dim=4, qk_opt_steps=50)
 
 
-def loss_fn(params, batch):
-  pred = MODEL.apply({"params": params}, boolean_tokens(batch["x"]))[:, 0]
-  return jnp.mean((pred - batch["y"]) ** 2)
+def predict(params, x):
+  return MODEL.apply({"params": params}, boolean_tokens(x))[:, 0]
 
 
-def data(num_members, num_examples=64):
+def loss_fn(params, batch, key):
+  del key
+  pred = predict(params, batch["x"])
+  return jnp.mean((pred - batch["y"]) ** 2), {"mean_pred": jnp.mean(pred)}
+
+
+def eval_step(params, batch):
+  return {"output": predict(params, batch["x"])}
+
+
+def summarize(values, member):
+  del member
+  return {"mean_output": float(np.mean(values["output"]))}
+
+
+TASK = engine.Task(init=init_params, loss=loss_fn, eval_step=eval_step, summarize=summarize)
+
+
+def arrays(num_examples=64):
   x = np.asarray(jax.random.rademacher(jax.random.key(99), (num_examples, N_BITS)), np.float32)
-  y = x[:, 0] * x[:, 1]
-  return {"x": jnp.asarray(np.stack([x] * num_members)),
-          "y": jnp.asarray(np.stack([y] * num_members))}
+  return {"x": x, "y": x[:, 0] * x[:, 1]}
 
 
-def evaluate(params_K, members):
-  x = data(1)["x"][0]
-  preds = jax.vmap(lambda p: MODEL.apply({"params": p}, boolean_tokens(x))[:, 0])(params_K)
-  return [{"mean_output": float(p.mean())} for p in np.asarray(preds)[:len(members)]]
+def group(members, steps=12, sampling="iid", optimizer="adam_l2", name="toy", task=TASK,
+          per_member=False, members_per_call=None, data=None):
+  """The toy group; `per_member` gives every member its own copy of the data `[K, P]`."""
+  a = arrays()
+  if data is None:
+    data = DeviceData({k: np.stack([v] * len(members)) for k, v in a.items()}
+                      if per_member else a, per_member=per_member, sampling=sampling)
+  return engine.Group(name=name, members=members, task=task, data=data,
+                      eval_data=EvalData({"x": a["x"]}, 24), steps=steps, batch_size=16,
+                      optim=optim.OptimConfig(optimizer=optimizer, total_steps=steps),
+                      members_per_call=members_per_call)
 
 
-def group(members, steps=12, sampling="iid", optimizer="adam_l2", name="toy"):
-  return engine.Group(name=name, members=members, init_params=init_params, loss_fn=loss_fn,
-                      train_data=data(len(members)), evaluate=evaluate, steps=steps,
-                      batch_size=16, sampling=sampling,
-                      optim=optim.OptimConfig(optimizer=optimizer, total_steps=steps))
+def evaluate(g, state):
+  """The engine's evaluator on the group's members."""
+  from mpx.sweep import evaluate as evaluate_lib
+  return evaluate_lib.Evaluator(g)(state)
 
 
-def train(g, chunk_steps=4, mesh=None):
-  """Trains a group to the end; returns the final SweepState."""
-  size = engine.padded_size(len(g.members), mesh)
-  hp = engine.shard_members(engine.pad_members(
-      optim.stack_hparams([m.hparams for m in g.members]), size), mesh)
-  d = engine.shard_members(engine.pad_members(dict(g.train_data), size), mesh)
-  state = engine.shard_members(engine.pad_members(engine.init_state(g), size), mesh)
+def train(g, chunk_steps=4, mesh=None, state=None):
+  """Trains a group to the end (from `state`, or its init); returns the final SweepState."""
+  from mpx.sweep import data as data_lib
+  state, hp, d = engine.place(g, engine.init_state(g) if state is None else state, mesh)
   chunk = engine.make_train_chunk(g, chunk_steps)
-  while int(state.step) < g.steps:
-    state, _ = chunk(state, hp, d)
+  feeder = None
+  if isinstance(g.data, data_lib.Stream):
+    feeder = data_lib.ChunkFeeder(g.data, int(state.step), g.steps, chunk_steps,
+                                  put=lambda c: engine.replicate(c, mesh))
+  try:
+    while int(state.step) < g.steps:
+      state, _ = chunk(state, hp, feeder.next() if feeder else d)
+  finally:
+    if feeder is not None:
+      feeder.close()
   return state

@@ -4,6 +4,8 @@ import io
 import json
 import math
 import os
+import struct
+import sys
 
 import numpy as np
 import pytest
@@ -111,6 +113,90 @@ def test_bad_records_and_corrupt_logs_raise(tmp_path):
     report.MetricsWriter(tmp_path, resume_step=-1)
 
 
+# ----------------------------------------------------------------------------- TensorBoard
+
+
+def _read_events(log_dir):
+  """{tag: [(step, value)]} of every event file in `log_dir`, checking the TFRecord frame
+  and CRCs TensorBoard checks."""
+  from tensorboardX.proto import event_pb2
+  from tensorboardX.record_writer import masked_crc32c
+  out = {}
+  for path in sorted(log_dir.glob("events.out.tfevents.*")):
+    data, i = path.read_bytes(), 0
+    while i < len(data):
+      header = data[i:i + 8]
+      (n,) = struct.unpack("<Q", header)
+      assert struct.unpack("<I", data[i + 8:i + 12])[0] == masked_crc32c(header)
+      body = data[i + 12:i + 12 + n]
+      assert struct.unpack("<I", data[i + 12 + n:i + 16 + n])[0] == masked_crc32c(body)
+      i += 16 + n
+      event = event_pb2.Event.FromString(body)
+      for value in event.summary.value:
+        out.setdefault(value.tag, []).append((event.step, value.simple_value))
+  return out
+
+
+def test_tensorboard_scalars_tags_and_skips():
+  record = report.member_record({**_member("mask:clique", 2), "member": 5}, 40,
+                                {"accuracy": 0.75, "train_loss": np.float32(0.5),
+                                 "fidelity": float("nan"), "n_bad": np.int64(3),
+                                 "layers": {"block_0": {"fidelity": 0.9}},
+                                 "degree_profile": [0.1, 0.9], "note": "x"}, diverged=True)
+  assert sorted(report.tensorboard_scalars(record)) == [
+      ("2parity/mask_clique/seed2/accuracy", 0.75), ("2parity/mask_clique/seed2/n_bad", 3.0),
+      ("2parity/mask_clique/seed2/train_loss", 0.5)]
+  fraction = {**record, "group": "addition-f0.01"}  # sweep records name their group.
+  assert report.tensorboard_scalars(fraction)[0][0] == "addition-f0.01/mask_clique/seed2/accuracy"
+  assert report.tensorboard_scalars({"step": 3, "loss": 1.5}) == [("loss", 1.5)]
+
+
+def test_metrics_writer_writes_tensorboard_scalars(tmp_path):
+  pytest.importorskip("tensorboardX")
+  with report.MetricsWriter(tmp_path) as w:
+    w.write(_records(0))
+    w.write(_records(10) + [{**_records(20)[1], "accuracy": float("inf")}])
+  events = _read_events(tmp_path / "tensorboard")
+  assert sorted(events) == ["2parity/default/seed0/accuracy", "2parity/default/seed0/loss",
+                            "2parity/mask/seed0/accuracy", "2parity/mask/seed0/loss"]
+  assert events["2parity/mask/seed0/accuracy"] == [(0, 0.75), (10, 0.75)]  # inf skipped.
+  steps, values = zip(*events["2parity/mask/seed0/loss"])
+  assert steps == (0, 10, 20) and values == pytest.approx((1.0, 1 / 11, 1 / 21))
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()  # the log as without.
+  assert lines[0] == json.dumps(_records(0)[0], sort_keys=True) and len(lines) == 5
+
+
+def test_tensorboard_mirrors_a_resumed_log(tmp_path):
+  pytest.importorskip("tensorboardX")
+  with report.MetricsWriter(tmp_path) as w:  # killed after logging 20; checkpoint at 10.
+    for step in (0, 10, 20):
+      w.write(_records(step))
+  (old,) = (tmp_path / "tensorboard").iterdir()  # Named by the second it was opened in:
+  old.rename(old.with_name("events.out.tfevents.1000000000.earlier"))  # as if long ago.
+  with report.MetricsWriter(tmp_path, resume_step=10):
+    pass
+  # The old event file is gone, the kept records replayed into a new one: 20 is dropped.
+  assert len(list((tmp_path / "tensorboard").iterdir())) == 1
+  steps, values = zip(*_read_events(tmp_path / "tensorboard")["2parity/mask/seed0/loss"])
+  assert steps == (0, 10) and values == pytest.approx((1.0, 1 / 11))
+  with report.MetricsWriter(tmp_path, resume_step=10) as w:
+    w.write(_records(20))
+  events = _read_events(tmp_path / "tensorboard")
+  assert [s for s, _ in events["2parity/mask/seed0/loss"]] == [0, 10, 20]
+  assert [s for s, _ in events["2parity/default/seed0/accuracy"]] == [0, 10, 20]
+
+
+def test_no_tensorboard_without_the_library(tmp_path, monkeypatch, capsys):
+  monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import raises ImportError.
+  with report.MetricsWriter(tmp_path) as w:
+    for step in (0, 10, 20):
+      w.write(_records(step))
+  assert not (tmp_path / "tensorboard").exists()
+  assert capsys.readouterr().err == report.TENSORBOARD_NOTE + "\n"
+  assert "pip install mpx[tensorboard]" in report.TENSORBOARD_NOTE
+  assert len(report.read_metrics(tmp_path)) == 6
+
+
 # ----------------------------------------------------------------------------- summaries
 
 NAN = float("nan")
@@ -195,7 +281,7 @@ def test_write_summary(tmp_path):
   assert on_disk["paper"] == PAPER and len(on_disk["members"]) == 6
   assert on_disk["members"][5]["metrics"] == {"accuracy": None, "loss": None}
   md = (tmp_path / "run" / "summary.md").read_text()
-  assert md.startswith("# boolean (preset quick)\n")
+  assert md.startswith("# boolean (preset quick)\n\n![overview](plots/overview.png)\n\n")
   assert "6 members, 1 diverged" in md
   assert "| 2parity | mask | 3 (1 diverged) | 75.00 ± 25.00 | 100.00 | 1.000 ± 0.5000 | 0.0029 |" in md
   assert "## Unseen outputs\n\n| a |\n|---|\n| 1 |\n" in md

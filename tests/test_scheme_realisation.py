@@ -14,6 +14,7 @@ import pytest
 from mpx import diagnostics
 from mpx.nn import boolean_tokens
 from mpx.sweep import config as config_lib
+from mpx.tasks import arithmetic, boolean_gotu
 
 ROOT = pathlib.Path(__file__).parents[1] / "experiments"
 BOOLEAN = config_lib.load_experiment(str(ROOT / "boolean_gotu.py"))
@@ -24,12 +25,12 @@ MIN_MASS = 0.8
 def test_boolean_qk_schemes_hold_their_pattern_on_training_inputs(task):
   _, config = config_lib.make_config(BOOLEAN, "cpu", [f"tasks={task}", "seeds=1",
                                                        "schemes=qk_svd,qk_opt"])
-  group = BOOLEAN.build_group(config, task)
-  model = BOOLEAN.make_model(config)
-  allowed = np.asarray(BOOLEAN.task_prior(task, config.mask_strength)) > 0
+  group = BOOLEAN.build_groups(config)[0]
+  model = boolean_gotu.make_model(config)
+  allowed = np.asarray(boolean_gotu.task_prior(task, config.mask_strength)) > 0
   for i, member in enumerate(group.members):
-    params = group.init_params(member)
-    tokens = boolean_tokens(group.train_data["x"][i][:256])
+    params = group.task.init(member)
+    tokens = boolean_tokens(group.data.arrays["x"][:256])
     maps = diagnostics.attention_maps(model.apply, params, tokens)
     for layer in range(config.depth):
       mass = diagnostics.prior_fidelity(maps[f"block_{layer}"], allowed)
@@ -47,14 +48,13 @@ def test_arithmetic_qk_schemes_hold_their_pattern_in_the_first_layer(task):
   _, config = config_lib.make_config(ARITHMETIC, "quick", [f"tasks={task}", "seeds=1",
                                                            "schemes=qk_svd,qk_opt"])
   group = ARITHMETIC.build_groups(config)[0]
-  model = ARITHMETIC.make_model(config)
-  spec = ARITHMETIC.arithmetic.get_task(task, config.digits,
-                                        reverse_answer=config.reverse_answer)
-  allowed = np.asarray(ARITHMETIC.arithmetic.prior(spec, config.mask_strength)) > 0
+  model = arithmetic.make_model(config)
+  spec = arithmetic.get_task(task, config.digits, reverse_answer=config.reverse_answer)
+  allowed = np.asarray(arithmetic.prior(spec, config.mask_strength)) > 0
   rows = [p + spec.layout.query_offset for p in spec.layout.answer]
   for i, member in enumerate(group.members):
-    params = group.init_params(member)
-    tokens = group.train_data["tokens"][i][:256, :-1]
+    params = group.task.init(member)
+    tokens = group.data.arrays["tokens"][i][:256, :-1]
     weights = np.asarray(diagnostics.attention_maps(model.apply, params, tokens)["block_0"])
     mass = np.sum(np.where(allowed, weights, 0.0), axis=-1)[:, :, rows].mean()
     assert mass >= MIN_MASS, (member.scheme, mass)

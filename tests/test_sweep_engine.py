@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 import sweep_fixtures as fx
-from mpx.sweep import engine, optim
+from mpx.sweep import DeviceData, EvalData, Stream, engine, optim
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
@@ -27,8 +29,8 @@ def test_member_in_sweep_matches_member_alone():
     alone = fx.train(fx.group([members[i]]))
     chex.assert_trees_all_close(engine.unstack(swept.params, i),
                                 engine.unstack(alone.params, 0), atol=1e-5, rtol=1e-5)
-    metrics_swept = fx.evaluate(swept.params, members)[i]
-    metrics_alone = fx.evaluate(alone.params, [members[i]])[0]
+    metrics_swept = fx.evaluate(fx.group(members), swept)[i]
+    metrics_alone = fx.evaluate(fx.group([members[i]]), alone)[0]
     assert metrics_swept["mean_output"] == pytest.approx(metrics_alone["mean_output"], abs=1e-5)
 
 
@@ -64,13 +66,18 @@ def _scaled_linear_group(scales, steps=4):
   is 0 and params and loss stay finite."""
   members = [fx.member(i, "default") for i in range(len(scales))]
   x = np.asarray(jax.random.uniform(jax.random.key(0), (8, 3), minval=0.5, maxval=1.5))
-  data = {"x": jnp.asarray(np.stack([x] * len(scales)), jnp.float32),
-          "scale": jnp.asarray(np.repeat(np.asarray(scales, np.float32)[:, None], 8, 1))}
-  init = lambda m: {"w": jnp.full(3, 0.5), "attention": {"mask_logits": jnp.zeros(2)}}
-  loss = lambda params, batch: jnp.mean(batch["scale"] * (batch["x"] @ params["w"]))
-  return engine.Group(name="linear", members=members, init_params=init, loss_fn=loss,
-                      train_data=data, evaluate=lambda p, ms: [{} for _ in ms], steps=steps,
-                      batch_size=4, optim=optim.OptimConfig(total_steps=steps))
+  data = {"x": np.stack([x] * len(scales)).astype(np.float32),
+          "scale": np.repeat(np.asarray(scales, np.float32)[:, None], 8, 1)}
+  task = engine.Task(
+      init=lambda m: {"w": jnp.full(3, 0.5), "attention": {"mask_logits": jnp.zeros(2)}},
+      loss=lambda params, batch, key: (jnp.mean(batch["scale"] * (batch["x"] @ params["w"])),
+                                       {}),
+      eval_step=lambda params, batch: {"out": batch["x"] @ params["w"]},
+      summarize=lambda values, member: {})
+  return engine.Group(name="linear", members=members, task=task,
+                      data=DeviceData(data, per_member=True),
+                      eval_data=EvalData({"x": x}, 8), steps=steps, batch_size=4,
+                      optim=optim.OptimConfig(total_steps=steps))
 
 
 def test_non_finite_optimizer_state_freezes_the_member():
@@ -91,24 +98,25 @@ def test_non_finite_optimizer_state_freezes_the_member():
 def test_no_recompilation_across_chunks_or_member_values():
   traces = []
 
-  def counting_loss(params, batch):
+  def counting_loss(params, batch, key):
     traces.append(1)
-    return fx.loss_fn(params, batch)
+    return fx.loss_fn(params, batch, key)
 
   members = [fx.member(0), fx.member(1)]
-  g = fx.group(members)
-  g.loss_fn = counting_loss
+  task = dataclasses.replace(fx.TASK, loss=counting_loss)
+  g = fx.group(members, task=task)
   chunk = engine.make_train_chunk(g, 4)
-  hp = optim.stack_hparams([m.hparams for m in members])
-  state = engine.init_state(g)
-  state, _ = chunk(state, hp, g.train_data)
+  state, hp, data = engine.place(g, engine.init_state(g), None)
+  state, _ = chunk(state, hp, data)
   after_first = len(traces)
   assert after_first > 0
-  state, _ = chunk(state, hp, g.train_data)
+  state, _ = chunk(state, hp, data)
   hp_new = {k: v * 0.5 for k, v in hp.items()}                     # New member values.
-  state, _ = chunk(state, hp_new, g.train_data)
-  state = engine.init_state(fx.group([fx.member(5, "default"), fx.member(6, "qk_svd")]))
-  state, _ = chunk(state, hp_new, g.train_data)                     # New schemes, same tree.
+  state, _ = chunk(state, hp_new, data)
+  other = fx.group([fx.member(5, "default"), fx.member(6, "qk_svd")], task=task)
+  state, _ = chunk(engine.init_state(other), hp_new, data)          # New schemes, same tree.
+  # Another group with the same static settings and shapes shares the compiled chunk.
+  assert engine.make_train_chunk(other, 4) is chunk
   assert len(traces) == after_first
 
 
@@ -117,9 +125,8 @@ def test_finiteness_check_is_not_fused_into_every_update():
   # ANDed together, XLA fused that chain into each leaf's select: operands and compile
   # time grew with leaves² (the paper-scale chunk compiled in 30 s instead of 11 s).
   g = fx.group([fx.member(0), fx.member(1)])
-  state = engine.init_state(g)
-  hp = optim.stack_hparams([m.hparams for m in g.members])
-  hlo = engine.make_train_chunk(g, 2).lower(state, hp, g.train_data).compile().as_text()
+  state, hp, data = engine.place(g, engine.init_state(g), None)
+  hlo = engine.make_train_chunk(g, 2).lower(state, hp, data).compile().as_text()
   operands = [len(args.split(",")) for args in re.findall(r" fusion\((.*?)\), kind=", hlo)]
   assert operands and max(operands) < len(jax.tree_util.tree_leaves(state.params))
 
@@ -150,10 +157,17 @@ def test_empty_device_list_is_an_error_not_all_devices():
 def test_bad_groups_raise():
   with pytest.raises(ValueError, match="sampling"):
     fx.group([fx.member()], sampling="shuffle")
-  g = fx.group([fx.member()])
-  with pytest.raises(ValueError, match="train_data"):
-    engine.Group(g.name, [fx.member(), fx.member(1)], g.init_params, g.loss_fn, g.train_data,
-                 g.evaluate, g.steps, g.batch_size)
+  g = fx.group([fx.member()], per_member=True)
+  with pytest.raises(ValueError, match="K=2 rows, one per member"):
+    dataclasses.replace(g, members=[fx.member(), fx.member(1)])
+  with pytest.raises(ValueError, match=r"\[P, \.\.\.\] with one P"):
+    DeviceData({"x": np.zeros((4, 2)), "y": np.zeros(3)})
+  with pytest.raises(ValueError, match="batch_size 16 exceeds the 8"):
+    fx.group([fx.member()], data=DeviceData({"x": np.zeros((8, 6)), "y": np.zeros(8)}))
+  with pytest.raises(TypeError, match="DeviceData or a Stream"):
+    fx.group([fx.member()], data={"x": np.zeros((64, 6))})
+  with pytest.raises(ValueError, match="members_per_call=0"):
+    fx.group([fx.member()], members_per_call=0)
 
 
 _MULTI_DEVICE_SCRIPT = """
@@ -186,3 +200,107 @@ def test_multi_device_sweep_matches_single_device():
   single = fx.train(fx.group(members))
   for multi, leaf in zip(result["leaves"], jax.tree_util.tree_leaves(single.params)):
     np.testing.assert_allclose(np.asarray(multi), np.asarray(leaf), atol=1e-6, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- data layouts
+
+
+def _assert_same_params(a, b, atol=1e-6):
+  chex.assert_trees_all_close(a.params, b.params, atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("sampling", ["iid", "epoch"])
+def test_shared_data_equals_a_copy_per_member(sampling):
+  members = [fx.member(0), fx.member(1, "default")]
+  shared = fx.train(fx.group(members, sampling=sampling))
+  copies = fx.train(fx.group(members, sampling=sampling, per_member=True))
+  _assert_same_params(shared, copies, atol=0)
+
+
+def test_members_in_slices_equal_one_vmap():
+  members = [fx.member(i, s) for i, s in enumerate(["mask", "default", "qk_svd"])]
+  vmapped = fx.train(fx.group(members, sampling="epoch"))
+  sliced = fx.train(fx.group(members, sampling="epoch", members_per_call=2))  # 2 + 1.
+  _assert_same_params(vmapped, sliced, atol=1e-6)
+  g = fx.group(members, members_per_call=2)
+  np.testing.assert_allclose([m["mean_output"] for m in fx.evaluate(g, sliced)],
+                             [m["mean_output"] for m in fx.evaluate(fx.group(members), vmapped)],
+                             atol=1e-6)
+
+
+def test_epoch_sampling_is_independent_of_chunking_and_resume():
+  # 12 steps = 3 epochs of 4 batches: the order is redrawn inside the compiled chunk at
+  # steps 4 and 8; chunks of 3 and 5 cross those boundaries at different places.
+  g = fx.group([fx.member(0), fx.member(1, "default")], sampling="epoch")
+  whole = fx.train(g, chunk_steps=12)
+  _assert_same_params(whole, fx.train(g, chunk_steps=5))
+  half = fx.train(dataclasses.replace(g, steps=6), chunk_steps=3)      # Stopped mid-epoch,
+  resumed = fx.train(g, chunk_steps=5, state=half)                     # resumed from there.
+  _assert_same_params(whole, resumed)
+  np.testing.assert_array_equal(np.asarray(whole.order), np.asarray(resumed.order))
+
+
+def test_loss_key_is_per_member_and_step():
+  """A stochastic loss (noise keyed by the engine) still trains a member in a sweep as
+  alone, and two seeds see different noise."""
+  def noisy(params, batch, key):
+    noise = jax.random.normal(key, batch["y"].shape)
+    loss, aux = fx.loss_fn(params, {"x": batch["x"], "y": batch["y"] + noise}, key)
+    return loss, aux | {"noise": noise[0]}
+
+  task = dataclasses.replace(fx.TASK, loss=noisy)
+  members = [fx.member(0), fx.member(1)]
+  g = fx.group(members, task=task)
+  state, hp, data = engine.place(g, engine.init_state(g), None)
+  _, out = engine.make_train_chunk(g, 3)(state, hp, data)
+  assert out["train_noise"][0] != out["train_noise"][1]
+  assert set(out) == {"train_loss", "train_mean_pred", "train_noise", "alive"}
+  alone = fx.train(fx.group(members[1:], task=task))
+  swept = fx.train(g)
+  chex.assert_trees_all_close(engine.unstack(swept.params, 1), engine.unstack(alone.params, 0),
+                              atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def _regression_stream(seed, start_step, batch_size=16):
+  """A generated regression stream, a function of (seed, step): y = x · w* + noise."""
+  w = np.linspace(-1, 1, fx.N_BITS).astype(np.float32)
+  step = start_step
+  while True:
+    rng = np.random.default_rng([seed, step])
+    x = np.sign(rng.standard_normal((batch_size, fx.N_BITS))).astype(np.float32)
+    yield {"x": x, "y": (x @ w / fx.N_BITS + 0.01 * rng.standard_normal(batch_size)
+                         ).astype(np.float32)}
+    step += 1
+
+
+def _stream_group(members, steps=12, stream=None):
+  return fx.group(members, steps=steps, data=stream or Stream(_regression_stream, seed=3))
+
+
+def test_stream_trains_members_as_alone_and_independent_of_chunking():
+  members = [fx.member(0), fx.member(1, "default", lr=3e-3)]
+  g = _stream_group(members)
+  swept = fx.train(g, chunk_steps=4)
+  alone = fx.train(_stream_group(members[1:]), chunk_steps=4)
+  chex.assert_trees_all_close(engine.unstack(swept.params, 1), engine.unstack(alone.params, 0),
+                              atol=1e-5, rtol=1e-5)
+  _assert_same_params(swept, fx.train(g, chunk_steps=5))              # Last chunk padded.
+  start = engine.init_state(g)
+  assert not np.array_equal(np.asarray(start.params["head"]["kernel"]),
+                            np.asarray(swept.params["head"]["kernel"]))
+
+
+def test_stream_resume_is_bit_exact():
+  g = _stream_group([fx.member(0), fx.member(1, "default")])
+  whole = fx.train(g, chunk_steps=3)
+  half = fx.train(dataclasses.replace(g, steps=6), chunk_steps=3)
+  _assert_same_params(whole, fx.train(g, chunk_steps=3, state=half), atol=0)
+
+
+def test_stream_that_ends_early_is_a_clear_error():
+  short = Stream(lambda seed, start: iter([next(_regression_stream(seed, start))] * 5))
+  with pytest.raises(ValueError, match="the stream ended at step 5, before the group's 12"):
+    fx.train(_stream_group([fx.member(0)], stream=short))

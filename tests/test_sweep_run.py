@@ -128,15 +128,17 @@ def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
 
   def build_groups_with_preemption(cfg):
     groups = original(cfg)
-    evaluate = groups[0].evaluate
+    task = groups[0].task
+    size = len(groups[0].members)
 
-    def evaluate_then_sigterm(params, members):
+    def summarize_then_sigterm(values, member):
       calls.append(True)
-      if len(calls) == 2:            # Preempted at the first evaluation after the init's.
+      if len(calls) == size + 1:     # Preempted at the first evaluation after the init's.
         os.kill(os.getpid(), signal.SIGTERM)
-      return evaluate(params, members)
+      return task.summarize(values, member)
 
-    groups[0].evaluate = evaluate_then_sigterm
+    groups[0] = dataclasses.replace(
+        groups[0], task=dataclasses.replace(task, summarize=summarize_then_sigterm))
     return groups
 
   experiment.build_groups = build_groups_with_preemption

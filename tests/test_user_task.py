@@ -22,12 +22,12 @@ def parity3():
 
 def test_the_mask_prior_comes_from_the_support(parity3):
   _, config = config_lib.make_config(gotu, "tiny", ["tasks=parity3"])
-  group = gotu.build_group(config, parity3.name)
+  group, = gotu.build_groups(config)
   mask = next(m for m in group.members if m.scheme == "mask")
-  leaf = group.init_params(mask)["block_0"]["attention"]["mask_logits"]
+  leaf = group.task.init(mask)["block_0"]["attention"]["mask_logits"]
   np.testing.assert_array_equal(leaf, np.broadcast_to(priors.parity_prior(15, (0, 1, 2)),
                                                       leaf.shape))
-  assert group.num_examples == int(parity3.seen(boolean.cube(15)).sum())
+  assert group.data.num_examples == int(parity3.seen(boolean.cube(15)).sum())
 
 
 def test_the_readme_example_trains_a_registered_task(tmp_path, monkeypatch):
@@ -60,7 +60,7 @@ def test_unknown_and_unprotocolled_tasks_are_errors(parity3):
   boolean.register_task(no_support)
   _, config = config_lib.make_config(gotu, "tiny", ["tasks=nosupport"])
   with pytest.raises(ValueError, match="support"):
-    gotu.build_group(config, "nosupport")
+    gotu.build_groups(config)
 
 
 def test_an_experiment_file_of_ones_own_loads(tmp_path):

@@ -1,15 +1,20 @@
 """The member axis: K members stacked on a leading axis, trained by one compiled program.
 
-A *member* is (task, init scheme, seed, hyperparameters). Members of a `Group` share
-static shapes (model, data size, batch size, steps); init schemes only write different
-values into the same param tree. `make_train_chunk` returns `jit(scan(vmap(step)))`:
-`chunk_steps` steps for all members, state donated, batches drawn on device from
-`fold_in(member_key, step)` so results do not depend on chunking or resuming.
+A *member* is (task, scheme, design, seed, hparams, labels). Members of a `Group` share
+static shapes (model, data, batch size, steps); schemes only write different values into
+the same param tree. A `Task` is written for ONE member; the engine maps it over members
+(`vmap`, or `lax.map` in slices of `members_per_call` when memory is short: same code).
+
+`make_train_chunk` returns `jit(scan(map_members(step)))`: `chunk_steps` steps of all
+members, state donated. Device data is sampled inside the step from
+`fold_in(member_key, step)`; a `Stream`'s batches come in as `[T, B, ...]` arguments.
+Either way a result does not depend on how the run was chunked or resumed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
@@ -19,69 +24,115 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mpx.sweep import optim
+from mpx.sweep.data import DeviceData, EvalData, Stream
 
 PyTree = Any
-SAMPLING = ("iid", "epoch")
+Batch = Mapping[str, jax.Array]
 MEMBER_AXIS = "members"
 
 
 @dataclasses.dataclass(frozen=True)
 class Member:
-  """One trained model of a sweep. `hparams` are swept values (pytree data)."""
+  """One trained model of a sweep.
+
+  `hparams` are the traced values (per-member optimizer settings: `optim.HPARAMS`);
+  `labels` are recorded with the results but never traced (a data fraction, the mask
+  strength an init used); `design` names the scheme's variant (a mask design).
+  """
   task: str
   scheme: str
   seed: int
   hparams: Mapping[str, float]
+  design: str | None = None
+  labels: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def describe(self) -> dict:
+    """What a metrics record says about the member; labels are reported with the hparams
+    (the summary groups members by them)."""
     return {"task": self.task, "scheme": self.scheme, "seed": self.seed,
-            "hparams": dict(self.hparams)}
+            "hparams": dict(self.hparams) | dict(self.labels)}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """What the engine needs of ONE member; every function but `init` and `summarize` is
+  pure and traced (the engine maps it over members).
+
+  init: member → params (host; a scheme may run its own optimisation, e.g. QK-Opt).
+  loss: (params, batch, key) → (scalar loss, {name: scalar}); `key` is the member's own
+    for this step (dropout, mixup); aux scalars are averaged per chunk as `train_<name>`.
+  eval_step: (params, batch) → {name: [B] values}, one per evaluation example.
+  summarize: ({name: [E] values over the whole evaluation set}, member) → metrics (host).
+  """
+  init: Callable[[Member], PyTree]
+  loss: Callable[[PyTree, Batch, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+  eval_step: Callable[[PyTree, Batch], Mapping[str, jax.Array]]
+  summarize: Callable[[Mapping[str, np.ndarray], Member], dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+  """The persistence diagnostics' input (`mpx.diagnostics.persistence_metrics`).
+
+  apply: the model's `apply` (records attention maps); inputs: its arguments on the
+    probe examples; batch: the loss batch for the gradient norms (e.g. the probe's
+    training-domain part); patterns: per member, {layer: allowed [H, N, N] or [N, N]},
+    the prior that member is scored on; example_groups adds `fidelity_<name>` on parts
+    of the probe; query_rows restricts fidelity to some queries; map_layers: layers whose
+    mean attention map is recorded.
+  """
+  apply: Callable
+  inputs: tuple
+  batch: Mapping[str, Any]
+  patterns: Sequence[Mapping[str, np.ndarray]]
+  example_groups: Mapping[str, np.ndarray] | None = None
+  query_rows: np.ndarray | None = None
+  map_layers: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Group:
-  """Members trained together, with what the engine needs to train and evaluate them.
+  """Members trained together, and what the engine needs to train and evaluate them.
 
   Attributes:
     name: unique within a run (checkpoints and metrics are keyed by it).
     members: the K members.
-    init_params: host function member → that member's params (un-stacked).
-    loss_fn: `(params, batch) → scalar`, pure; `batch` is a dict of arrays `[B, ...]`.
-    train_data: dict of arrays `[K, P, ...]`, each member's training set.
-    evaluate: host function `(stacked params, members) → [metrics dict per member]`.
+    task: the member-level `Task`.
+    data: `DeviceData` (sampled on device) or `Stream` (host batches).
+    eval_data: the finite evaluation set `eval_step` runs on.
     steps, batch_size: training length and batch size.
-    sampling: "iid" (uniform with replacement) or "epoch" (a fresh permutation per
-      epoch, batches in order, the last partial batch dropped).
     optim: static optimizer settings.
+    probe: persistence diagnostics (None: none); keeps the initial params in the state.
+    members_per_call: None vmaps all members at once; m maps them in slices of m
+      (`lax.map(batch_size=m)`): the memory valve for large models, same results.
   """
   name: str
   members: Sequence[Member]
-  init_params: Callable[[Member], PyTree]
-  loss_fn: Callable[[PyTree, Mapping[str, jax.Array]], jax.Array]
-  train_data: Mapping[str, jax.Array]
-  evaluate: Callable[[PyTree, Sequence[Member]], list[dict]]
+  task: Task
+  data: DeviceData | Stream
+  eval_data: EvalData
   steps: int
   batch_size: int
-  sampling: str = "iid"
   optim: optim.OptimConfig = optim.OptimConfig()
+  probe: Probe | None = None
+  members_per_call: int | None = None
 
   def __post_init__(self):
-    if self.sampling not in SAMPLING:
-      raise ValueError(f"sampling={self.sampling!r}; choose one of {SAMPLING}.")
     if not self.members:
       raise ValueError(f"group {self.name!r} has no members.")
-    sizes = {k: v.shape[:2] for k, v in self.train_data.items()}
-    if len({s for s in sizes.values()}) != 1 or next(iter(sizes.values()))[0] != len(
-        self.members):
-      raise ValueError(f"train_data must be [K={len(self.members)}, P, ...] arrays with one "
-                       f"P; got leading shapes {sizes}.")
-    if self.batch_size > self.num_examples:
-      raise ValueError(f"batch_size {self.batch_size} exceeds the {self.num_examples} "
-                       "training examples.")
-
-  @property
-  def num_examples(self) -> int:
-    return next(iter(self.train_data.values())).shape[1]
+    if self.steps < 1:
+      raise ValueError(f"group {self.name!r}: steps={self.steps} must be >= 1.")
+    if self.members_per_call is not None and self.members_per_call < 1:
+      raise ValueError(f"members_per_call={self.members_per_call} must be >= 1 (or None "
+                       "to vmap every member at once).")
+    if self.probe is not None and len(self.probe.patterns) != len(self.members):
+      raise ValueError(f"group {self.name!r}: the probe has {len(self.probe.patterns)} "
+                       f"patterns for {len(self.members)} members; give one per member.")
+    if isinstance(self.data, DeviceData):
+      self.data.check(len(self.members), self.batch_size)
+    elif not isinstance(self.data, Stream):
+      raise TypeError(f"group {self.name!r}: data must be a DeviceData or a Stream; got "
+                      f"{type(self.data).__name__}.")
 
 
 class SweepState(NamedTuple):
@@ -92,7 +143,8 @@ class SweepState(NamedTuple):
   alive: jax.Array          # [K] bool: False once a member went non-finite.
   diverged_step: jax.Array  # [K] int32: the step at which it did, −1 if never.
   step: jax.Array           # [] int32: steps done.
-  order: jax.Array          # [K, P] int32: the current epoch's example order ([K, 0] iid).
+  order: jax.Array          # [K, P] int32: the current epoch's example order ([K, 0] else).
+  initial: PyTree           # the params at init (drift, fidelity at init); None: no probe.
 
 
 def stack(trees: Sequence[PyTree]) -> PyTree:
@@ -109,26 +161,37 @@ def unstack(tree: PyTree, index: int) -> PyTree:
   return jax.tree_util.tree_map(lambda leaf: leaf[index], tree)
 
 
+def member_keys(members: Sequence[Member]) -> jax.Array:
+  """[K, 2] raw keys: each member's training randomness, a function of its seed only."""
+  return jnp.stack([jax.random.key_data(jax.random.fold_in(jax.random.key(m.seed), 1))
+                    for m in members])
+
+
 def init_state(group: Group) -> SweepState:
   """Host-side init of every member (init schemes may run their own optimisation)."""
-  params = stack([group.init_params(m) for m in group.members])
+  params = stack([group.task.init(m) for m in group.members])
   hparams = optim.stack_hparams([m.hparams for m in group.members])
   opt_state = jax.vmap(lambda p, h: optim.make_optimizer(group.optim, h).init(p))(
       params, hparams)
-  keys = jnp.stack([jax.random.key_data(jax.random.fold_in(jax.random.key(m.seed), 1))
-                    for m in group.members])
+  keys = member_keys(group.members)
   k = len(group.members)
+  initial = jax.tree_util.tree_map(jnp.copy, params) if group.probe is not None else None
   return SweepState(params, opt_state, keys, jnp.ones((k,), bool),
                     jnp.full((k,), -1, jnp.int32), jnp.zeros((), jnp.int32),
-                    _epoch_orders(group, keys, 0))
+                    _initial_orders(group.data, keys), initial)
 
 
-def _epoch_orders(group: Group, raw_keys_K2, epoch) -> jax.Array:
-  """Every member's example order for `epoch` (`[K, P]`; `[K, 0]` for iid sampling)."""
-  if group.sampling != "epoch":
-    return jnp.zeros((raw_keys_K2.shape[0], 0), jnp.int32)
+def _initial_orders(data, raw_keys_K2) -> jax.Array:
+  """Epoch 0's order per member (`[K, P]`); `[K, 0]` unless the data is epoch-sampled."""
+  if isinstance(data, DeviceData) and data.sampling == "epoch":
+    return _epoch_orders(raw_keys_K2, 0, data.num_examples)
+  return jnp.zeros((raw_keys_K2.shape[0], 0), jnp.int32)
+
+
+def _epoch_orders(raw_keys_K2, epoch, num_examples: int) -> jax.Array:
+  """Every member's example order for `epoch`, `[K, P]`."""
   return jax.vmap(lambda raw_key: epoch_order(jax.random.wrap_key_data(raw_key), epoch,
-                                              group.num_examples))(raw_keys_K2)
+                                              num_examples))(raw_keys_K2)
 
 
 def epoch_order(key, epoch, num_examples: int) -> jax.Array:
@@ -160,65 +223,118 @@ def _select(pred, on_true, on_false):
   return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
-def make_member_step(group: Group) -> Callable:
-  """One training step of one member; NaN isolation freezes a member at its last finite
-  state and records the step it diverged at."""
-  loss_and_grad = jax.value_and_grad(group.loss_fn)
+def map_members(fn: Callable, members_per_call: int | None) -> Callable:
+  """`(member_args, shared_args) → outputs` over the leading member axis of `member_args`:
+  one vmap, or slices of `members_per_call` members vmapped inside a sequential map."""
+  if members_per_call is None:
+    return jax.vmap(fn, in_axes=(0, None))
+  return lambda member_args, shared: jax.lax.map(lambda a: fn(a, shared), member_args,
+                                                 batch_size=members_per_call)
 
-  def step_fn(params, opt_state, raw_key, alive, diverged_step, hparams, data, order, step):
-    key = jax.random.wrap_key_data(raw_key)
-    idx = _batch_indices(key, step, order, group.num_examples, group.batch_size,
-                         group.sampling)
-    batch = {name: array[idx] for name, array in data.items()}
-    loss, grads = loss_and_grad(params, batch)
-    optimizer = optim.make_optimizer(group.optim, hparams)
+
+def make_member_step(loss: Callable, optim_config: optim.OptimConfig) -> Callable:
+  """One training step of one member on `batch`; NaN isolation freezes a member at its
+  last finite state and records the step it diverged at. Returns the new
+  (params, opt_state, alive, diverged_step) and {"loss", aux...} (NaN once diverged)."""
+  loss_and_grad = jax.value_and_grad(loss, has_aux=True)
+
+  def step_fn(params, opt_state, raw_key, alive, diverged_step, hparams, batch, step):
+    step_key = jax.random.fold_in(jax.random.wrap_key_data(raw_key), step)
+    (value, aux), grads = loss_and_grad(params, batch, jax.random.fold_in(step_key, 1))
+    optimizer = optim.make_optimizer(optim_config, hparams)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     # The optimizer state too: an inf second moment zeroes the update, so the params stay
     # finite while the member has silently stopped training.
-    finite = jnp.isfinite(loss) & _all_finite((new_params, new_opt_state))
+    finite = jnp.isfinite(value) & _all_finite((new_params, new_opt_state))
     keep = alive & finite
     params = _select(keep, new_params, params)
     opt_state = _select(keep, new_opt_state, opt_state)
     diverged_step = jnp.where(alive & ~finite, step, diverged_step)
-    return params, opt_state, keep, diverged_step, jnp.where(alive, loss, jnp.nan)
+    scalars = {"loss": value} | {name: jnp.asarray(v, jnp.float32) for name, v in aux.items()}
+    return params, opt_state, keep, diverged_step, jax.tree_util.tree_map(
+        lambda v: jnp.where(alive, v, jnp.nan), scalars)
 
   return step_fn
 
 
 def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
-  """`(state, hparams, data) → (state, mean_loss[K])` for `chunk_steps` steps.
+  """`(state, hparams, data) → (state, out)` for `chunk_steps` steps of every member.
+
+  `data` is the device arrays (`group.data.arrays`, as placed by `place`) or, for a
+  `Stream`, the chunk's batches `{name: [chunk_steps, B, ...]}` shared by all members.
+  `out` is {"train_loss", "train_<aux>": [K] means over the chunk's steps, "alive": [K]}:
+  arrays apart from the donated state, so the host reads them while the next chunk runs.
 
   Steps past `group.steps` are no-ops, so every chunk has the same length and the
-  program compiles once. The state is donated. With epoch sampling the state carries the
-  epoch's order, redrawn only at epoch boundaries (a `lax.cond` outside the member vmap):
-  a permutation is a sort over the whole training set, slow on CPU.
+  program compiles once. With epoch sampling the state carries the epoch's order, redrawn
+  only at epoch boundaries (a `lax.cond` outside the member map): a permutation is a sort
+  over the whole training set, slow on CPU. Groups with equal static settings share one
+  jitted function, which compiles once per set of shapes.
   """
   if chunk_steps < 1:
     raise ValueError(f"chunk_steps must be >= 1; got {chunk_steps}.")
-  member_step = jax.vmap(make_member_step(group), in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None))
-  per_epoch = group.num_examples // group.batch_size
+  data = group.data
+  kind = ("stream", None) if isinstance(data, Stream) else (
+      "per_member" if data.per_member else "shared", data.sampling)
+  return _compiled_chunk(group.task.loss, group.optim, kind, group.batch_size, group.steps,
+                         chunk_steps, group.members_per_call)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_chunk(loss, optim_config, kind, batch_size, total_steps, chunk_steps,
+                    members_per_call):
+  member_step = make_member_step(loss, optim_config)
+  layout, sampling = kind
+
+  def one_member(member_args, shared):
+    params, opt_state, raw_key, alive, diverged_step, hparams, own, order = member_args
+    arrays, step = shared
+    if layout == "stream":
+      batch = arrays
+    else:
+      arrays = own if layout == "per_member" else arrays
+      num_examples = next(iter(arrays.values())).shape[0]
+      idx = _batch_indices(jax.random.wrap_key_data(raw_key), step, order, num_examples,
+                           batch_size, sampling)
+      batch = {name: array[idx] for name, array in arrays.items()}
+    return member_step(params, opt_state, raw_key, alive, diverged_step, hparams, batch,
+                       step)
+
+  step_members = map_members(one_member, members_per_call)
 
   def chunk(state: SweepState, hparams, data):
-    def body(state, step):
+    initial = state.initial  # Constant: kept out of the loop carry.
+    own = data if layout == "per_member" else None
+    if layout != "stream":
+      num_examples = next(iter(data.values())).shape[1 if layout == "per_member" else 0]
+      per_epoch = num_examples // batch_size
+
+    def body(state, xs):
+      step, batches = xs
       order = state.order
-      if group.sampling == "epoch":
+      if sampling == "epoch":
         # Epoch 0's order comes with the state (init_state), so step 0 needs no redraw.
         order = jax.lax.cond((step % per_epoch == 0) & (step > 0),
-                             lambda: _epoch_orders(group, state.key, step // per_epoch),
+                             lambda: _epoch_orders(state.key, step // per_epoch,
+                                                   num_examples),
                              lambda: order)
-      params, opt_state, alive, diverged_step, loss = member_step(
-          state.params, state.opt_state, state.key, state.alive, state.diverged_step,
-          hparams, data, order, step)
-      active = step < group.steps
-      new = SweepState(params, opt_state, state.key, alive, diverged_step, state.step + 1,
-                       order)
-      return _select(active, new, state), jnp.where(active, loss, 0.0)
+      shared = batches if layout == "stream" else (None if own is not None else data)
+      params, opt_state, alive, diverged_step, scalars = step_members(
+          (state.params, state.opt_state, state.key, state.alive, state.diverged_step,
+           hparams, own, order), (shared, step))
+      active = step < total_steps
+      new = state._replace(params=params, opt_state=opt_state, alive=alive,
+                           diverged_step=diverged_step, step=state.step + 1, order=order)
+      return _select(active, new, state), jax.tree_util.tree_map(
+          lambda v: jnp.where(active, v, 0.0), scalars)
 
     steps = state.step + jnp.arange(chunk_steps, dtype=jnp.int32)
-    final, losses = jax.lax.scan(body, state, steps)
-    counted = jnp.maximum(jnp.minimum(group.steps - state.step, chunk_steps), 1)
-    return final, jnp.sum(losses, axis=0) / counted
+    final, scalars = jax.lax.scan(body, state._replace(initial=None),
+                                  (steps, data if layout == "stream" else None))
+    counted = jnp.maximum(jnp.minimum(total_steps - state.step, chunk_steps), 1)
+    out = {f"train_{name}": jnp.sum(v, axis=0) / counted for name, v in scalars.items()}
+    return final._replace(initial=initial), out | {"alive": final.alive}
 
   return jax.jit(chunk, donate_argnums=(0,))
 
@@ -250,6 +366,13 @@ def shard_members(tree: PyTree, mesh: Mesh | None) -> PyTree:
       lambda x: jax.device_put(x, split if jnp.ndim(x) > 0 else replicated), tree)
 
 
+def replicate(tree: PyTree, mesh: Mesh | None) -> PyTree:
+  """Places every leaf whole on every device (data shared by all members)."""
+  if mesh is None:
+    return jax.tree_util.tree_map(jnp.asarray, tree)
+  return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+
 def pad_members(tree: PyTree, size: int) -> PyTree:
   """Pads the member axis to `size` by repeating the last member."""
   def pad(x):
@@ -257,3 +380,21 @@ def pad_members(tree: PyTree, size: int) -> PyTree:
       return x
     return jnp.concatenate([x, jnp.repeat(x[-1:], size - x.shape[0], axis=0)])
   return jax.tree_util.tree_map(pad, tree)
+
+
+def place_data(data: DeviceData, size: int, mesh: Mesh | None) -> dict:
+  """Device arrays of `data` for a padded member axis: per-member arrays padded and split
+  over the mesh, shared ones replicated (one copy per device, not per member)."""
+  if data.per_member:
+    return shard_members(pad_members(dict(data.arrays), size), mesh)
+  return replicate(dict(data.arrays), mesh)
+
+
+def place(group: Group, state: SweepState, mesh: Mesh | None):
+  """(state, hparams, device data or None) padded to the mesh and placed on it."""
+  size = padded_size(len(group.members), mesh)
+  hparams = shard_members(pad_members(
+      optim.stack_hparams([m.hparams for m in group.members]), size), mesh)
+  state = shard_members(pad_members(state, size), mesh)
+  data = place_data(group.data, size, mesh) if isinstance(group.data, DeviceData) else None
+  return state, hparams, data

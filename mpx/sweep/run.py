@@ -21,7 +21,9 @@ import numpy as np
 
 from mpx import checkpoint, diagnostics, report
 from mpx.sweep import config as config_lib
-from mpx.sweep import engine, optim
+from mpx.sweep import data as data_lib
+from mpx.sweep import engine
+from mpx.sweep import evaluate as evaluate_lib
 
 PREEMPTED_EXIT_CODE = 143
 
@@ -53,13 +55,16 @@ def _is_due(step: int, every: int, last: int) -> bool:
   return step == last or (every > 0 and step % every == 0)
 
 
-def _records(group, state, step, train_loss, metrics):
+def _records(group, state, step, train, metrics):
+  """One metrics record per member; `train` is the last chunk's output (or None)."""
   alive = np.asarray(state.alive)
   diverged_step = np.asarray(state.diverged_step)
+  scalars = {name: np.asarray(v) for name, v in (train or {}).items() if name != "alive"}
+  scalars.setdefault("train_loss", np.full((len(group.members),), np.nan))
   records = []
   for i, (member, m) in enumerate(zip(group.members, metrics)):
-    record = report.member_record(member.describe() | {"member": i}, step,
-                                  dict(m, train_loss=float(train_loss[i])),
+    values = dict(m) | {name: float(v[i]) for name, v in scalars.items()}
+    record = report.member_record(member.describe() | {"member": i}, step, values,
                                   diverged=not bool(alive[i]))
     record["group"] = group.name
     if not alive[i]:
@@ -68,16 +73,23 @@ def _records(group, state, step, train_loss, metrics):
   return records
 
 
+def _progress_info(train, k: int) -> str:
+  loss, alive = np.asarray(train["train_loss"])[:k], np.asarray(train["alive"])[:k]
+  return f"loss {np.nanmean(loss):.4g}, diverged {int(k - alive.sum())}"
+
+
 def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathlib.Path, *,
                 writer, saved_config: dict, resume: bool, sigterm: _SigtermFlag,
                 mesh=None) -> list[dict]:
-  """Trains one group to the end (or to a preemption); returns final member records."""
+  """Trains one group to the end (or to a preemption); returns final member records.
+
+  Chunks are dispatched ahead: the next chunk is queued before the previous one's
+  scalars are read for the progress line, so the device never waits on the host between
+  evaluations and checkpoints (which need the state itself, and so wait for it).
+  """
   k = len(group.members)
-  size = engine.padded_size(k, mesh)
-  hparams = engine.shard_members(
-      engine.pad_members(optim.stack_hparams([m.hparams for m in group.members]), size), mesh)
-  data = engine.shard_members(engine.pad_members(dict(group.train_data), size), mesh)
-  state = engine.shard_members(engine.pad_members(engine.init_state(group), size), mesh)
+  state, hparams, data = engine.place(group, engine.init_state(group), mesh)
+  evaluate = evaluate_lib.Evaluator(group)
   with checkpoint.Checkpointer(run_dir / "checkpoints" / group.name,
                                max_to_keep=cfg.keep_checkpoints) as ckpt:
     if resume and ckpt.latest_step() is not None:
@@ -85,30 +97,42 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
       _check_checkpoint_config(ckpt.directory, stored, saved_config)
     train_chunk = engine.make_train_chunk(group, cfg.chunk_steps)
     step = int(state.step)
-    train_loss = np.full((size,), np.nan)
+    feeder = None
+    if isinstance(group.data, data_lib.Stream):
+      feeder = data_lib.ChunkFeeder(group.data, step, group.steps, cfg.chunk_steps,
+                                    put=lambda chunk: engine.replicate(chunk, mesh))
+    train = None  # The last chunk's scalars.
     metrics = None  # The last evaluation's; the final one is reused, not recomputed.
     progress = report.Progress(group.steps, start_step=step,
                                label=f"{group.name} ({k} members)")
-    if step == 0 and cfg.eval_every:  # Curves and heatmaps start at the initialisation.
-      writer.write(_records(group, state, 0, train_loss,
-                            group.evaluate(state.params, group.members)))
-    while step < group.steps:
-      state, loss = train_chunk(state, hparams, data)
-      step, train_loss = int(state.step), np.asarray(loss)
-      progress.update(step, f"loss {np.nanmean(train_loss[:k]):.4g}, "
-                            f"diverged {int(k - np.asarray(state.alive)[:k].sum())}")
-      if _is_due(step, cfg.eval_every, group.steps):
-        metrics = group.evaluate(state.params, group.members)
-        writer.write(_records(group, state, step, train_loss, metrics))
-      if _is_due(step, cfg.checkpoint_every, group.steps) or sigterm.raised:
-        ckpt.save(step, state, saved_config)
-      if sigterm.raised and step < group.steps:
-        progress.close()
-        raise Preempted(f"SIGTERM: saved group {group.name} at step {step}.")
-    progress.close()
+    try:
+      if step == 0 and cfg.eval_every:  # Curves and heatmaps start at the initialisation.
+        writer.write(_records(group, state, 0, None, evaluate(state)))
+      pending = None  # (step, scalars) of the chunk in flight, not yet read.
+      while step < group.steps:
+        state, out = train_chunk(state, hparams, feeder.next() if feeder else data)
+        if pending is not None:  # Read while the chunk just dispatched runs.
+          progress.update(pending[0], _progress_info(pending[1], k))
+        step = min(step + cfg.chunk_steps, group.steps)
+        pending, train = (step, out), out
+        save = _is_due(step, cfg.checkpoint_every, group.steps) or sigterm.raised
+        if _is_due(step, cfg.eval_every, group.steps) or save:
+          progress.update(step, _progress_info(out, k))
+          pending = None
+          if _is_due(step, cfg.eval_every, group.steps):
+            metrics = evaluate(state)
+            writer.write(_records(group, state, step, train, metrics))
+          if save:
+            ckpt.save(step, state, saved_config)
+          if sigterm.raised and step < group.steps:
+            raise Preempted(f"SIGTERM: saved group {group.name} at step {step}.")
+    finally:
+      progress.close()
+      if feeder is not None:
+        feeder.close()
   if metrics is None:  # Resumed at the end: the loop did not run (it evaluates the last step).
-    metrics = group.evaluate(state.params, group.members)
-  return _records(group, state, group.steps, train_loss, metrics)
+    metrics = evaluate(state)
+  return _records(group, state, group.steps, train, metrics)
 
 
 def _config_differences(previous: dict, saved: dict) -> list[str]:

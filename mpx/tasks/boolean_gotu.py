@@ -1,0 +1,419 @@
+"""The Boolean GOTU family: the TokenTransformer on a Boolean task, its mask priors and
+designs, the four init schemes, and the member-level `Task` the sweep engine trains.
+
+Everything a Boolean experiment needs lives here; `experiments/boolean_gotu.py` keeps
+only the record (commands, expected numbers, presets, member grid, the paper's numbers).
+A task registered with `boolean.register_task` trains through the same code: its mask
+prior is the clique over its `support`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mpx import attention as attention_lib
+from mpx import priors, schemes
+from mpx.nn import TokenTransformer, boolean_tokens
+from mpx.schemes import QK_POS_SCALE
+from mpx.sweep import engine, optim
+from mpx.sweep.config import SweepConfig
+from mpx.sweep.data import DeviceData, EvalData
+from mpx.tasks import boolean
+
+COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
+
+# Per task: (learning rate, epochs) of the GOTU protocol (PAPER.md).
+TASK_PROTOCOL = {"2parity": (1e-5, 20), "majority3": (1e-5, 30), "cyclic3": (2e-5, 80)}
+
+@dataclasses.dataclass(frozen=True)
+class Config(SweepConfig):
+  """learning_rate / epochs: None = the GOTU protocol's per-task values.
+
+  designs: the mask designs (`MASK_DESIGNS`) the "mask" scheme expands into.
+  init_style: "torch" (the GOTU code's init, N(0, 1) embeddings) or "flax" (lecun normal,
+    N(0, 0.02) embeddings), a search axis: FINDINGS saw the embedding init move the
+    unseen output more than the mask did.
+  qk_pos_scale: the QK schemes scale the position embedding by it (the recipe's ×18), so
+    the layers' real input LayerNorm(token + pos) is close to the pseudo-input the
+    pattern is fitted on: at the cpu scale QK-Opt then puts 0.94–0.95 of its attention
+    on its pattern at init on training inputs (0.53–0.79 with 1).
+  probe_size: cube points (seen and unseen in proportion, seeded) the persistence
+    diagnostics run on.
+  compute_dtype: "float32" or "bfloat16" (projection and MLP matmuls only; logits,
+    softmax, LayerNorm and params stay float32): bf16 is for GPUs, slow on CPU.
+  attention: "reference", "jax" (`jax.nn.dot_product_attention`'s XLA path, the mask as
+    a float32 bias) or "cudnn" (its fused cuDNN kernel: GPU with bfloat16 only).
+  """
+  tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)  # Or your own, see boolean.register_task.
+  schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")
+  seeds: int = 10
+  width: int = 256
+  depth: int = 12
+  num_heads: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 256
+  batch_size: int = 256
+  learning_rate: float | None = None
+  epochs: int | None = None
+  weight_decay: float = 1e-3
+  mask_strength: float = 4.0
+  mask_lr_multiplier: float = 1.0
+  per_head_mask: bool = True
+  mask_layers: tuple[int, ...] | None = None
+  designs: tuple[str, ...] = ("clique",)
+  init_style: str = "torch"
+  qk_opt_steps: int = 10_000
+  qk_pos_scale: float = QK_POS_SCALE
+  eval_points_per_call: int = 8192
+  probe_size: int = 128
+  compute_dtype: str = "float32"
+  attention: str = "reference"
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.compute_dtype not in COMPUTE_DTYPES:
+      raise ValueError(f"compute_dtype={self.compute_dtype!r}; choose from "
+                       f"{tuple(COMPUTE_DTYPES)}.")
+    if self.attention not in attention_lib.IMPLEMENTATIONS:
+      raise ValueError(f"attention={self.attention!r}; choose from "
+                       f"{attention_lib.IMPLEMENTATIONS}.")
+    if self.learning_rate is not None and not self.learning_rate > 0:
+      raise ValueError(f"learning_rate={self.learning_rate} must be > 0 (or none for the "
+                       "GOTU protocol's per-task value).")
+    if self.epochs is not None and self.epochs < 1:
+      raise ValueError(f"epochs={self.epochs} must be >= 1 (or none for the GOTU "
+                       "protocol's per-task value).")
+    if not self.probe_size >= 8:
+      raise ValueError(f"probe_size={self.probe_size} must be >= 8.")
+    unknown = [t for t in self.tasks if t not in boolean.task_names()]
+    if unknown or not self.tasks:
+      raise ValueError(f"unknown tasks {unknown or '()'}; choose from "
+                       f"{boolean.task_names()} (your own: boolean.register_task).")
+    unset = [t for t in self.tasks if t not in TASK_PROTOCOL]
+    if unset and (self.learning_rate is None or self.epochs is None):
+      raise ValueError(f"tasks {unset} have no GOTU protocol: set learning_rate and epochs "
+                       "(e.g. --set learning_rate=1e-3 --set epochs=8, as the cpu preset).")
+    bad = [s for s in self.schemes if s not in schemes.SCHEMES]
+    if bad:
+      raise ValueError(f"unknown schemes {bad}; choose from {schemes.SCHEMES}.")
+    unknown = [d for d in self.designs if d not in MASK_DESIGNS]
+    if unknown or not self.designs:
+      raise ValueError(f"unknown mask designs {unknown or '()'}; choose from "
+                       f"{tuple(MASK_DESIGNS)}.")
+
+
+
+def task_prior(task: str, strength: float) -> jax.Array:
+  """The mask prior of each task: the interaction structure of its target. Majority
+  suppresses the per-bit shortcut, Cyclic3 has its windows; any other task (2Parity and
+  the user's own) gets the clique over its `support`."""
+  spec = boolean.get_task(task)
+  if task == "majority3":
+    return priors.majority_prior(spec.n_bits, spec.support, strength)
+  if task == "cyclic3":
+    return priors.cyclic_prior(spec.n_bits, 3, strength)
+  return priors.parity_prior(spec.n_bits, _support(task), strength)
+
+
+# --------------------------------------------------------------------------- designs
+# A design maps (task, strength, depth, num_heads) to one prior per layer. Layers without
+# a prior get the neutral one, so designs differ only in values and share one program.
+
+def _support(task: str) -> tuple[int, ...]:
+  support = boolean.get_task(task).support
+  if not support:
+    raise ValueError(f"task {task!r} has no support: give make_task(..., support=...) the "
+                     "bits its target depends on, which the mask prior is built from.")
+  return support
+
+
+def _n_tokens(task: str) -> int:
+  return boolean.get_task(task).n_bits + 1  # CLS, then one token per bit.
+
+
+def _adjacency(task: str, **options) -> np.ndarray:
+  """The task's interaction graph with `priors.boolean_adjacency` options."""
+  n_bits = boolean.get_task(task).n_bits
+  if task == "cyclic3":
+    edges = [(i, j) for i in range(n_bits) for j in range(n_bits)
+             if i != j and min((i - j) % n_bits, (j - i) % n_bits) < 3]
+    options = {"cls_row": "all", "cls_column": "all", **options}
+    return priors.boolean_adjacency(n_bits, _support(task), support_edges=edges, **options)
+  return priors.boolean_adjacency(n_bits, _support(task), **options)
+
+
+def _tokens(task: str) -> list[int]:
+  return [b + 1 for b in _support(task)]
+
+
+def _every_layer(prior, depth: int) -> list[jax.Array]:
+  return [prior] * depth
+
+
+def _only_layer(prior, depth: int, layer: int) -> list[jax.Array]:
+  return [prior if i == layer % depth else priors.neutral(prior.shape[-1])
+          for i in range(depth)]
+
+
+def _clique(task, strength, depth, num_heads):
+  """The task's prior (`task_prior`) in every layer: the quick preset's mask."""
+  return _every_layer(task_prior(task, strength), depth)
+
+
+def _clique_noself(task, strength, depth, num_heads):
+  """Support bits read each other but not themselves (no one-hop identity path)."""
+  return _every_layer(priors.from_adjacency(_adjacency(task, self_attention=False),
+                                            strength), depth)
+
+
+def _partner_only(task, strength, depth, num_heads):
+  """Support bits read only their partners (not self, not CLS); CLS reads CLS + support."""
+  allowed = _adjacency(task, self_attention=False, cls_column="none")
+  return _every_layer(priors.from_adjacency(allowed, strength), depth)
+
+
+def _two_hop(task, strength, depth, num_heads):
+  """CLS may not read the support bits; the other bits read the pair and CLS reads them,
+  so the output sees the pair only through a second hop."""
+  allowed = _adjacency(task, others="support", cls_row="all")
+  allowed[0, _tokens(task)] = False
+  return _every_layer(priors.from_adjacency(allowed, strength), depth)
+
+
+def _first_layer_only(task, strength, depth, num_heads):
+  """The clique in layer 0 only: the prior shapes the first interaction, then frees."""
+  return _only_layer(task_prior(task, strength), depth, 0)
+
+
+def _last_layer_only(task, strength, depth, num_heads):
+  """The clique in the last layer only: the readout hop is constrained, features free."""
+  return _only_layer(task_prior(task, strength), depth, -1)
+
+
+def _asymmetric(allowed_strength: float, suppressed_strength: float):
+  def design(task, strength, depth, num_heads):
+    del strength  # The design fixes both strengths.
+    allowed = np.asarray(task_prior(task, 1.0)) > 0
+    return _every_layer(priors.from_adjacency(allowed, allowed_strength,
+                                              suppressed_strength), depth)
+  design.__doc__ = (f"The clique at +{allowed_strength:g} / −{suppressed_strength:g}: "
+                    "how much the suppression strength (vs. the pass strength) matters.")
+  return design
+
+
+def _half_heads(task, strength, depth, num_heads):
+  """The clique in the first half of the heads, the others free: a per-head prior keeps
+  a structured path beside unconstrained ones."""
+  prior = task_prior(task, strength)
+  free = priors.neutral(_n_tokens(task))
+  heads = [prior if h < max(1, num_heads // 2) else free for h in range(num_heads)]
+  return _every_layer(priors.stack_heads(heads), depth)
+
+
+def _one_head_partner(task, strength, depth, num_heads):
+  """Head 0 is partner-only, the other heads free: a single dedicated interaction head."""
+  partner = _partner_only(task, strength, 1, num_heads)[0]
+  free = priors.neutral(_n_tokens(task))
+  return _every_layer(priors.stack_heads([partner] + [free] * (num_heads - 1)), depth)
+
+
+def _cls_blind(task, strength, depth, num_heads):
+  """CLS reads only itself before the last layer and everything in it: it cannot
+  accumulate a linear readout of the raw bits early."""
+  early = priors.from_adjacency(_adjacency(task, cls_row="self"), strength)
+  last = priors.from_adjacency(_adjacency(task, cls_row="all"), strength)
+  return [early] * (depth - 1) + [last]
+
+
+def _others_all(task, strength, depth, num_heads):
+  """The clique, but irrelevant bits read every token (contrast to `clique`, where they
+  read only themselves)."""
+  return _every_layer(priors.from_adjacency(_adjacency(task, others="all"), strength),
+                      depth)
+
+
+def _cls_only(task, strength, depth, num_heads):
+  """Only the CLS row is constrained (CLS reads CLS + support); every other row free."""
+  allowed = np.ones((_n_tokens(task),) * 2, bool)
+  allowed[0] = _adjacency(task)[0]
+  return _every_layer(priors.from_adjacency(allowed, strength), depth)
+
+
+def _no_linear(task, strength, depth, num_heads):
+  """Blocks the easy linear readout (the MDI x0 + x1 − 1 is linear): support bits read
+  only their partners, CLS reads only itself in layer 0 and then only the support bits
+  (no self), so everything CLS sees has passed through a partner interaction."""
+  bits = priors.from_adjacency(_adjacency(task, self_attention=False, cls_column="none",
+                                          cls_row="self"), strength)
+  read = _adjacency(task, self_attention=False, cls_column="none")
+  read[0, 0] = False
+  return [bits] + [priors.from_adjacency(read, strength)] * (depth - 1)
+
+
+MASK_DESIGNS: dict[str, Callable] = {
+    "clique": _clique,
+    "clique_noself": _clique_noself,
+    "partner_only": _partner_only,
+    "two_hop": _two_hop,
+    "first_layer_only": _first_layer_only,
+    "last_layer_only": _last_layer_only,
+    "asym_8_2": _asymmetric(8.0, 2.0),
+    "asym_2_8": _asymmetric(2.0, 8.0),
+    "half_heads": _half_heads,
+    "one_head_partner": _one_head_partner,
+    "cls_blind": _cls_blind,
+    "others_all": _others_all,
+    "cls_only": _cls_only,
+    "no_linear": _no_linear,
+}
+SEARCH_DESIGNS = tuple(MASK_DESIGNS)
+
+def mask_design(name: str, task: str, strength: float, depth: int,
+                num_heads: int) -> list[jax.Array]:
+  """The per-layer priors of design `name`; unknown names list the valid ones."""
+  if name not in MASK_DESIGNS:
+    raise ValueError(f"unknown mask design {name!r}; choose from {tuple(MASK_DESIGNS)}.")
+  return MASK_DESIGNS[name](task, strength, depth, num_heads)
+
+
+def scheme_labels(config: Config) -> list[tuple[str, str | None]]:
+  """(label, design) per scheme: "mask" expands to `mask:<design>` per design; with the
+  default single design the label stays "mask" (the paper's table keys)."""
+  labels = []
+  for scheme in config.schemes:
+    if scheme != "mask":
+      labels.append((scheme, None))
+    elif config.designs == ("clique",):
+      labels.append(("mask", "clique"))
+    else:
+      labels.extend((f"mask:{d}", d) for d in config.designs)
+  return labels
+
+
+def make_model(config: Config) -> TokenTransformer:
+  return TokenTransformer(width=config.width, depth=config.depth,
+                          num_heads=config.num_heads, head_dim=config.head_dim,
+                          mlp_dim=config.mlp_dim, mask_layers=config.mask_layers,
+                          per_head_mask=config.per_head_mask, init_style=config.init_style,
+                          dtype=COMPUTE_DTYPES[config.compute_dtype],
+                          implementation=config.attention)
+
+
+def members(config: Config, task: str) -> list[engine.Member]:
+  """The member grid of one task: every scheme label (mask designs expanded) × seed."""
+  lr = config.learning_rate if config.learning_rate is not None else TASK_PROTOCOL[task][0]
+  grid = []
+  for label, design in scheme_labels(config):
+    mask = label.partition(":")[0] == "mask"
+    hparams = {"learning_rate": lr, "weight_decay": config.weight_decay,
+               "mask_lr_multiplier": config.mask_lr_multiplier if mask else 0.0}
+    grid += [engine.Member(task, label, seed, hparams, design=design,
+                           labels={"mask_strength": config.mask_strength})
+             for seed in range(config.seeds)]
+  return grid
+
+
+def member_patterns(config: Config, task: str, label: str, design: str | None
+                    ) -> dict[str, np.ndarray]:
+  """{layer: allowed [H, N, N]}: the pattern a member's fidelity is scored on. A mask
+  member is scored on its own design's prior in each layer (a layer the design leaves
+  neutral allows everything); the others on the task's prior, which the QK schemes
+  realise and the default init is compared against."""
+  heads = config.num_heads
+  if label.partition(":")[0] == "mask":
+    layers = mask_design(design, task, config.mask_strength, config.depth, heads)
+    if config.mask_layers is not None:  # Layers without a mask leaf carry no prior.
+      layers = [p if i in config.mask_layers else priors.neutral(_n_tokens(task))
+                for i, p in enumerate(layers)]
+  else:
+    layers = [task_prior(task, config.mask_strength)] * config.depth
+  n_tokens = _n_tokens(task)
+  return {f"block_{i}": np.broadcast_to(np.asarray(p) > 0, (heads, n_tokens, n_tokens))
+          for i, p in enumerate(layers)}
+
+
+def make_task(config: Config, task_name: str) -> engine.Task:
+  """The member-level Task: init by scheme (mask designs per layer, QK schemes from the
+  task's prior), squared loss on the CLS output, the whole cube as evaluation set."""
+  spec = boolean.get_task(task_name)
+  model = make_model(config)
+  tokens = boolean_tokens(jnp.ones((1, spec.n_bits)))
+  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
+  mdi = boolean.mdi_values(spec)
+  unseen = ~spec.seen(boolean.cube(spec.n_bits))
+  monomials = boolean.task_monomials(spec)
+
+  def init(member: engine.Member):
+    key = jax.random.key(member.seed)
+    params = model.init(key, tokens)["params"]
+    strength = member.labels["mask_strength"]
+    scheme = member.scheme.partition(":")[0]
+    if scheme == "mask":
+      layers = mask_design(member.design, task_name, strength, config.depth,
+                           config.num_heads)
+      return schemes.set_masks_per_layer(params, {f"block_{i}": layers[i] for i in masked})
+    return schemes.apply_scheme(scheme, params, task_prior(task_name, strength),
+                                jax.random.fold_in(key, 2), num_heads=config.num_heads,
+                                head_dim=config.head_dim, qk_opt_steps=config.qk_opt_steps,
+                                pos_scale=config.qk_pos_scale)
+
+  def predict(params, x_BN):
+    return model.apply({"params": params}, boolean_tokens(x_BN))[:, 0]
+
+  def loss(params, batch, key):
+    del key  # Deterministic model.
+    return jnp.mean((predict(params, batch["x"]) - batch["y"]) ** 2), {}
+
+  def eval_step(params, batch):
+    return {"pred": predict(params, batch["x"])}
+
+  def summarize(values, member):
+    del member
+    pred = np.asarray(values["pred"], np.float64)
+    metrics = boolean.function_metrics(pred, spec, mdi)
+    metrics["unseen_mean_output"] = float(pred[unseen].mean())
+    coeffs = boolean.fourier_coefficients(pred, spec.n_bits)
+    metrics["degree_profile"] = boolean.degree_profile(coeffs, spec.n_bits).round(6).tolist()
+    metrics["fourier"] = {boolean.monomial_label(s):
+                          round(float(coeffs[sum(1 << i for i in s)]), 6) for s in monomials}
+    return metrics
+
+  return engine.Task(init=init, loss=loss, eval_step=eval_step, summarize=summarize)
+
+
+def make_group(config: Config, task_name: str,
+               group_members: Sequence[engine.Member]) -> engine.Group:
+  """One task's members in one compiled group: the seen points shared by every member
+  (the enumerate protocol trains on all of them; an iid task's sample is per seed), the
+  epoch protocol, Adam with coupled L2, the persistence probe on `probe_points`."""
+  spec = boolean.get_task(task_name)
+  task, model = make_task(config, task_name), make_model(config)
+  splits = {m.seed: boolean.make_splits(spec, m.seed)["train"] for m in group_members}
+  if spec.protocol == "enumerate":
+    x, y = splits[group_members[0].seed]
+    data = DeviceData({"x": x, "y": y}, sampling="epoch")
+  else:
+    data = DeviceData({"x": np.stack([splits[m.seed][0] for m in group_members]),
+                       "y": np.stack([splits[m.seed][1] for m in group_members])},
+                      per_member=True, sampling="epoch")
+  x_cube, _ = boolean.make_splits(spec, 0)["test"]
+  x_probe, y_probe, seen_probe = boolean.probe_points(spec, config.probe_size, seed=0)
+  probe = engine.Probe(
+      apply=model.apply, inputs=(boolean_tokens(x_probe),),
+      batch={"x": jnp.asarray(x_probe[seen_probe]), "y": jnp.asarray(y_probe[seen_probe])},
+      patterns=[member_patterns(config, task_name, m.scheme, m.design)
+                for m in group_members],
+      example_groups={"seen": seen_probe, "unseen": ~seen_probe},
+      map_layers=("block_0", f"block_{config.depth - 1}"))
+  epochs = config.epochs if config.epochs is not None else TASK_PROTOCOL[task_name][1]
+  steps = epochs * (data.num_examples // config.batch_size)
+  return engine.Group(
+      name=task_name, members=list(group_members), task=task, data=data,
+      eval_data=EvalData({"x": x_cube}, config.eval_points_per_call), steps=steps,
+      batch_size=config.batch_size, probe=probe,
+      optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))
