@@ -52,6 +52,18 @@ def arrays(num_examples=64):
   return {"x": x, "y": x[:, 0] * x[:, 1]}
 
 
+def regression_stream(seed, start_step, batch_size=16):
+  """A generated regression stream, a function of (seed, step): y = x · w* + noise."""
+  w = np.linspace(-1, 1, N_BITS).astype(np.float32)
+  step = start_step
+  while True:
+    rng = np.random.default_rng([seed, step])
+    x = np.sign(rng.standard_normal((batch_size, N_BITS))).astype(np.float32)
+    yield {"x": x, "y": (x @ w / N_BITS + 0.01 * rng.standard_normal(batch_size)
+                         ).astype(np.float32)}
+    step += 1
+
+
 def group(members, steps=12, sampling="iid", optimizer="adam_l2", name="toy", task=TASK,
           per_member=False, members_per_call=None, data=None):
   """The toy group; `per_member` gives every member its own copy of the data `[K, P]`."""

@@ -22,19 +22,19 @@ TESTS = pathlib.Path(__file__).parent
 TOY = str(TESTS / "toy_experiment.py")
 
 
-def _final_params(run_dir, group_name):
+def _final_params(run_dir, group_name, overrides=()):
   """The group's last checkpointed state, restored into the group's own structure."""
   experiment = config_lib.load_experiment(TOY)
-  _, cfg = config_lib.make_config(experiment, None)
+  _, cfg = config_lib.make_config(experiment, None, overrides)
   group = [g for g in experiment.build_groups(cfg) if g.name == group_name][0]
   with checkpoint.Checkpointer(pathlib.Path(run_dir) / "checkpoints" / group_name) as ckpt:
     state, _ = ckpt.restore(engine.init_state(group))
   return state
 
 
-def _assert_same_run(dir_a, dir_b):
+def _assert_same_run(dir_a, dir_b, overrides=()):
   for name in ("toy_a", "toy_b"):
-    a, b = _final_params(dir_a, name), _final_params(dir_b, name)
+    a, b = _final_params(dir_a, name, overrides), _final_params(dir_b, name, overrides)
     assert int(a.step) == int(b.step) == 24
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
       np.testing.assert_array_equal(x, y)
@@ -120,8 +120,9 @@ def test_resume_checks_the_config_stored_with_the_checkpoints(uninterrupted, tmp
   assert _files(out) == before
 
 
-def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
-  out = tmp_path / "sigterm"
+def _run_preempted_then_resume(out, overrides=()):
+  """Runs the toy with a SIGTERM at the first evaluation after the init's, checks the
+  checkpoint it left, then resumes it from the command line."""
   calls = []
   experiment = config_lib.load_experiment(TOY)
   original = experiment.build_groups
@@ -133,7 +134,7 @@ def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
 
     def summarize_then_sigterm(values, member):
       calls.append(True)
-      if len(calls) == size + 1:     # Preempted at the first evaluation after the init's.
+      if len(calls) == size + 1:
         os.kill(os.getpid(), signal.SIGTERM)
       return task.summarize(values, member)
 
@@ -143,12 +144,33 @@ def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
 
   experiment.build_groups = build_groups_with_preemption
   with pytest.raises(run.Preempted):
-    run.run_experiment(experiment, out_dir=str(out))
+    run.run_experiment(experiment, out_dir=str(out), overrides=overrides)
   with checkpoint.Checkpointer(out / "checkpoints" / "toy_a") as ckpt:
     assert ckpt.latest_step() == 4
   assert not (out / "summary.json").exists()
-  assert cli.main(["run", TOY, "--out", str(out), "--resume"]) == 0
+  sets = [a for o in overrides for a in ("--set", o)]
+  assert cli.main(["run", TOY, "--out", str(out), "--resume", *sets]) == 0
+
+
+def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
+  out = tmp_path / "sigterm"
+  _run_preempted_then_resume(out)
   _assert_same_run(uninterrupted, out)
+
+
+def test_stream_run_trains_and_resumes_exactly_after_sigterm(tmp_path):
+  """A host stream trains through the same loop, and resumes bit-exact (the stream is a
+  function of (seed, step))."""
+  whole = tmp_path / "whole"
+  assert cli.main(["run", TOY, "--out", str(whole), "--set", "data=stream"]) == 0
+  records = report.read_metrics(whole)
+  assert len(records) == 2 * 4 * (24 // 4 + 1)
+  first = [r["train_loss"] for r in records if r["step"] == 4]
+  last = [r["train_loss"] for r in records if r["step"] == 24]
+  assert np.mean(last) < np.mean(first)                    # It learns the regression.
+  out = tmp_path / "sigterm"
+  _run_preempted_then_resume(out, ["data=stream"])
+  _assert_same_run(whole, out, overrides=["data=stream"])
 
 
 def test_sigkill_after_checkpoint_then_resume_is_exact(uninterrupted, tmp_path):
@@ -233,3 +255,44 @@ def test_plot_command_writes_decodable_pngs(uninterrupted):
   for png in pngs:
     image = matplotlib.image.imread(png)
     assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0
+
+
+def test_a_comma_list_for_a_one_value_field_is_a_sweep():
+  experiment = config_lib.load_experiment("boolean_gotu")
+  preset, variants = config_lib.make_configs(experiment, "tiny", [
+      "width=8,16", "schemes=default,mask", "depth=1,2"])
+  assert preset == "tiny"
+  assert [labels for labels, _ in variants] == [
+      {"width": 8, "depth": 1}, {"width": 8, "depth": 2}, {"width": 16, "depth": 1},
+      {"width": 16, "depth": 2}]
+  assert all(c.schemes == ("default", "mask") for _, c in variants)   # A tuple field: a list.
+  assert [c.width for _, c in variants] == [8, 8, 16, 16]
+  _, [(labels, _)] = config_lib.make_configs(experiment, "tiny", ["width=8"])
+  assert labels == {}
+  with pytest.raises(ValueError, match="seeds is one value per run"):
+    config_lib.make_configs(experiment, "tiny", ["seeds=1,2"])
+  with pytest.raises(ValueError, match="width=8x: expected a value of type int"):
+    config_lib.make_configs(experiment, "tiny", ["width=8,8x"])
+
+
+def test_architecture_sweep_trains_one_group_per_value_in_one_run(tmp_path):
+  experiment = config_lib.load_experiment("boolean_gotu")
+  out = tmp_path / "widths"
+  summary = run.run_experiment(experiment, preset="tiny", out_dir=str(out), overrides=[
+      "width=8,16", "schemes=mask", "eval_every=0", "checkpoint_every=0"])
+  assert sorted((m["hparams"]["width"], m["scheme"]) for m in summary["members"]) == [
+      (8, "mask"), (16, "mask")]
+  assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+      "2parity-width16", "2parity-width8"]
+  saved = json.loads((out / "config.json").read_text())
+  assert saved["sweep"] == {"width": [8, 16]} and saved["config"]["width"] == 8
+  assert "| task | scheme | width | seeds |" in (out / "summary.md").read_text()
+  group8, group16 = (run.labelled(g, {"width": w}) for w, g in (
+      (8, experiment.build_groups(config_lib.make_config(experiment, "tiny", [
+          "width=8", "schemes=mask"])[1])[0]),
+      (16, experiment.build_groups(config_lib.make_config(experiment, "tiny", [
+          "width=16", "schemes=mask"])[1])[0])))
+  for group, width in ((group8, 8), (group16, 16)):
+    with checkpoint.Checkpointer(out / "checkpoints" / group.name) as ckpt:
+      state, _ = ckpt.restore(engine.init_state(group))
+    assert state.params["head"]["kernel"].shape[1] == width

@@ -10,6 +10,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import sweep_fixtures as fx  # noqa: E402
+from mpx.sweep import Stream  # noqa: E402
 from mpx.sweep.config import SweepConfig  # noqa: E402
 
 METRICS = ("mean_output",)
@@ -22,6 +23,7 @@ class Config(SweepConfig):
   learning_rate: float = 1e-2
   bad_learning_rate: float | None = None   # Gives seed 1's mask member this lr.
   schemes: tuple[str, ...] = ("mask", "default")
+  data: str = "device"   # Or "stream": a generated regression stream fed from the host.
 
 
 PRESETS = {"default": dict(seeds=2, chunk_steps=2, eval_every=4, checkpoint_every=2),
@@ -38,5 +40,7 @@ def build_groups(config):
         if config.bad_learning_rate is not None and scheme == "mask" and seed == 1:
           lr = config.bad_learning_rate
         members.append(fx.member(seed + (name == "toy_b") * 10, scheme, lr=lr))
-    groups.append(fx.group(members, steps=config.steps, sampling="epoch", name=name))
+    data = Stream(fx.regression_stream, seed=len(groups)) if config.data == "stream" else None
+    groups.append(fx.group(members, steps=config.steps, sampling="epoch", name=name,
+                           data=data))
   return groups

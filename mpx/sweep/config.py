@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import pathlib
 import sys
 import types
@@ -89,16 +90,60 @@ def apply_overrides(config, assignments: Sequence[str]):
   return dataclasses.replace(config, **changes)
 
 
-def make_config(experiment: types.ModuleType, preset: str | None,
-                assignments: Sequence[str] = ()):
-  """The experiment's Config with the preset applied, then the `--set` overrides."""
+def _preset_config(experiment: types.ModuleType, preset: str | None):
   if preset is None:
     preset = next(iter(experiment.PRESETS))
   if preset not in experiment.PRESETS:
     raise ValueError(f"unknown preset {preset!r} for {experiment.NAME}; choose one of "
                      f"{sorted(experiment.PRESETS)}.")
-  config = experiment.Config(**experiment.PRESETS[preset])
+  return preset, experiment.Config(**experiment.PRESETS[preset])
+
+
+def make_config(experiment: types.ModuleType, preset: str | None,
+                assignments: Sequence[str] = ()):
+  """The experiment's Config with the preset applied, then the `--set` overrides."""
+  preset, config = _preset_config(experiment, preset)
   return preset, apply_overrides(config, assignments)
+
+
+def _is_tuple_field(annotation) -> bool:
+  args = typing.get_args(annotation)
+  if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+    return any(_is_tuple_field(a) for a in args if a is not type(None))
+  return typing.get_origin(annotation) is tuple
+
+
+def split_sweeps(config_type: type, assignments: Sequence[str]
+                 ) -> tuple[list[str], dict[str, list[str]]]:
+  """`--set` assignments → (plain ones, {key: [raw values]}): a comma list given to a
+  field that holds one value (width, depth, a dtype) sweeps it, one group per value."""
+  hints = typing.get_type_hints(config_type)
+  plain, sweeps = [], {}
+  for assignment in assignments:
+    key, sep, raw = assignment.partition("=")
+    key = key.strip()
+    if sep and key in hints and "," in raw and not _is_tuple_field(hints[key]):
+      if key in {f.name for f in dataclasses.fields(SweepConfig)}:
+        raise ValueError(f"--set {assignment}: {key} is one value per run (the run loop's "
+                         "cadence and seed count); sweep model or optimizer fields.")
+      sweeps[key] = [v.strip() for v in raw.split(",")]
+    else:
+      plain.append(assignment)
+  return plain, sweeps
+
+
+def make_configs(experiment: types.ModuleType, preset: str | None,
+                 assignments: Sequence[str] = ()):
+  """(preset, [(labels, config)]): one config per combination of swept values, labels
+  {key: value} naming it (empty without a sweep)."""
+  preset, base = _preset_config(experiment, preset)
+  plain, sweeps = split_sweeps(type(base), assignments)
+  variants = []
+  for values in itertools.product(*sweeps.values()):
+    swept = [f"{k}={v}" for k, v in zip(sweeps, values)]
+    config = apply_overrides(base, plain + swept)
+    variants.append(({k: getattr(config, k) for k in sweeps}, config))
+  return preset, variants
 
 
 def experiment_dirs() -> list[pathlib.Path]:

@@ -143,7 +143,7 @@ class SweepState(NamedTuple):
   alive: jax.Array          # [K] bool: False once a member went non-finite.
   diverged_step: jax.Array  # [K] int32: the step at which it did, −1 if never.
   step: jax.Array           # [] int32: steps done.
-  order: jax.Array          # [K, P] int32: the current epoch's example order ([K, 0] else).
+  order: jax.Array | None   # [K, P] int32: the current epoch's example order (epoch sampling).
   initial: PyTree           # the params at init (drift, fidelity at init); None: no probe.
 
 
@@ -181,11 +181,12 @@ def init_state(group: Group) -> SweepState:
                     _initial_orders(group.data, keys), initial)
 
 
-def _initial_orders(data, raw_keys_K2) -> jax.Array:
-  """Epoch 0's order per member (`[K, P]`); `[K, 0]` unless the data is epoch-sampled."""
+def _initial_orders(data, raw_keys_K2) -> jax.Array | None:
+  """Epoch 0's order per member (`[K, P]`); None unless the data is epoch-sampled (Orbax
+  cannot store an empty array)."""
   if isinstance(data, DeviceData) and data.sampling == "epoch":
     return _epoch_orders(raw_keys_K2, 0, data.num_examples)
-  return jnp.zeros((raw_keys_K2.shape[0], 0), jnp.int32)
+  return None
 
 
 def _epoch_orders(raw_keys_K2, epoch, num_examples: int) -> jax.Array:

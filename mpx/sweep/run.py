@@ -137,7 +137,7 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
 
 def _config_differences(previous: dict, saved: dict) -> list[str]:
   """The names that differ: `experiment`/`preset`, then the config keys."""
-  keys = [k for k in ("experiment", "preset") if previous.get(k) != saved.get(k)]
+  keys = [k for k in ("experiment", "preset", "sweep") if previous.get(k) != saved.get(k)]
   old, new = previous.get("config", {}), saved.get("config", {})
   return keys + sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
 
@@ -237,12 +237,23 @@ def persistence_table(run_dir: pathlib.Path, members: list[dict]) -> str | None:
           "its initial value, per seed:\n\n" + "\n".join(lines))
 
 
+def labelled(group: engine.Group, labels: dict) -> engine.Group:
+  """A group of one variant of an architecture sweep: its name and its members' labels
+  carry the swept values, so checkpoints and the summary's rows keep variants apart."""
+  if not labels:
+    return group
+  suffix = "-".join(f"{k}{v}" for k, v in labels.items())
+  members = [dataclasses.replace(m, labels=dict(m.labels) | labels) for m in group.members]
+  return dataclasses.replace(group, name=f"{group.name}-{suffix}", members=members)
+
+
 def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                    overrides=(), out_dir: str | None = None, resume: bool = False,
                    devices=None) -> dict:
   """Builds, trains and reports one experiment; returns the summary dict (plus its
   `run_dir`)."""
-  preset, cfg = config_lib.make_config(experiment, preset, overrides)
+  preset, variants = config_lib.make_configs(experiment, preset, overrides)
+  cfg = variants[0][1]
   if out_dir is None:
     out_dir = f"runs/{experiment.NAME}-{preset}"
   if not str(out_dir).strip():
@@ -251,6 +262,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   run_dir = pathlib.Path(out_dir)
   saved_config = {"experiment": experiment.NAME, "preset": preset,
                   "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
+  if variants[0][0]:  # An architecture sweep: the first variant's config and the values.
+    saved_config["sweep"] = {k: [labels[k] for labels, _ in variants] for k in variants[0][0]}
   # Every check comes before the first write: a refused run leaves the folder as it was.
   _check_run_dir(run_dir)
   if resume:
@@ -266,7 +279,11 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   mesh = engine.member_mesh(devices)
   print(f"mpx run {experiment.NAME} --preset {preset} → {run_dir} "
         f"({jax.device_count()} {jax.default_backend()} device(s))", file=sys.stderr)
-  groups = experiment.build_groups(cfg)
+  groups = [labelled(group, labels) for labels, variant in variants
+            for group in experiment.build_groups(variant)]
+  if len({g.name for g in groups}) != len(groups):
+    raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
+                     "each group needs its own checkpoint folder.")
   final = []
   with report.MetricsWriter(run_dir, keep=keep) as writer, _SigtermFlag() as sigterm:
     for group in groups:

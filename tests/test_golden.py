@@ -1,0 +1,37 @@
+"""Golden one-step values per experiment (nanodo's `test_train_step`): each member's
+training loss in the first two steps of the `tiny` preset, init to optimizer update.
+
+Recorded on the engine before the Task / DeviceData reshape (commit 382fb94) and
+reproduced to the last bit after it: a change in init, batching, loss or optimizer
+moves them. The tolerance allows other XLA versions' float reassociation only."""
+
+import chex
+import numpy as np
+import pytest
+
+from mpx.sweep import config as config_lib
+from mpx.sweep import engine
+
+GOLDEN = {  # experiment: (step 0 losses, step 1 losses), members [default, mask].
+    "boolean_gotu": ([1.640396237373352, 1.8000431060791016],
+                     [1.7336400747299194, 1.905909776687622]),
+    "arithmetic": ([3.2372095584869385, 3.196768283843994],
+                   [3.0946247577667236, 3.0709848403930664]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_first_steps_match_the_golden_losses(name):
+  experiment = config_lib.load_experiment(name)
+  _, config = config_lib.make_config(experiment, "tiny")
+  group = experiment.build_groups(config)[0]
+  assert [m.scheme for m in group.members] == ["default", "mask"]
+  state, hparams, data = engine.place(group, engine.init_state(group), None)
+  chunk = engine.make_train_chunk(group, 1)
+  losses = []
+  for _ in range(2):
+    state, out = chunk(state, hparams, data)
+    chex.assert_shape(out["train_loss"], (2,))
+    losses.append(np.asarray(out["train_loss"]))
+  np.testing.assert_allclose(losses, GOLDEN[name], rtol=2e-6)
+  assert int(state.step) == 2
