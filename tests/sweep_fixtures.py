@@ -85,17 +85,5 @@ def evaluate(g, state):
 
 def train(g, chunk_steps=4, mesh=None, state=None):
   """Trains a group to the end (from `state`, or its init); returns the final SweepState."""
-  from mpx.sweep import data as data_lib
-  state, hp, d = engine.place(g, engine.init_state(g) if state is None else state, mesh)
-  chunk = engine.make_train_chunk(g, chunk_steps)
-  feeder = None
-  if isinstance(g.data, data_lib.Stream):
-    feeder = data_lib.ChunkFeeder(g.data, int(state.step), g.steps, chunk_steps,
-                                  put=lambda c: engine.replicate(c, mesh))
-  try:
-    while int(state.step) < g.steps:
-      state, _ = chunk(state, hp, feeder.next() if feeder else d)
-  finally:
-    if feeder is not None:
-      feeder.close()
-  return state
+  from mpx.sweep import run
+  return run.fit(g, chunk_steps, mesh=mesh, state=state)[0]

@@ -303,3 +303,16 @@ def test_stream_that_ends_early_is_a_clear_error():
   short = Stream(lambda seed, start: iter([next(fx.regression_stream(seed, start))] * 5))
   with pytest.raises(ValueError, match="the stream ended at step 5, before the group's 12"):
     fx.train(_stream_group([fx.member(0)], stream=short))
+
+
+def test_readme_engine_example_trains_every_member():
+  """The README's own-model block, as written: 8 members of a linear regression, the
+  large learning rate fits it, the small one has barely moved in 300 steps."""
+  readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+  block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+               if "run.fit(group)" in b)
+  namespace = {}
+  exec(compile(block, "README.md", "exec"), namespace)
+  mse = [m["mse"] for m in namespace["metrics"]]
+  assert len(mse) == 8
+  assert max(mse[4:]) < 1e-3 < min(mse[:4])

@@ -296,3 +296,14 @@ def test_architecture_sweep_trains_one_group_per_value_in_one_run(tmp_path):
     with checkpoint.Checkpointer(out / "checkpoints" / group.name) as ckpt:
       state, _ = ckpt.restore(engine.init_state(group))
     assert state.params["head"]["kernel"].shape[1] == width
+
+
+@pytest.mark.parametrize("name", ["boolean_gotu", "arithmetic"])
+def test_shared_config_fields_are_checked_for_every_experiment(name):
+  experiment = config_lib.load_experiment(name)
+  with pytest.raises(ValueError, match=r"mask_layers \[2\] are not layers of a depth-1 model"):
+    config_lib.make_config(experiment, "tiny", ["mask_layers=0,2"])
+  with pytest.raises(ValueError, match=r"unknown schemes \['qk'\]"):
+    config_lib.make_config(experiment, "tiny", ["schemes=mask,qk"])
+  with pytest.raises(ValueError, match="width=0 must be >= 1"):
+    config_lib.make_config(experiment, "tiny", ["width=0"])

@@ -78,6 +78,27 @@ def _progress_info(train, k: int) -> str:
   return f"loss {np.nanmean(loss):.4g}, diverged {int(k - alive.sum())}"
 
 
+def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
+        state: engine.SweepState | None = None) -> tuple[engine.SweepState, list[dict]]:
+  """Trains a group to the end in memory (no run folder, no checkpoints) and evaluates it:
+  (final state, metrics per member). The library route for a group built in your own
+  code; `mpx run` adds files, resume and progress around the same chunk."""
+  state, hparams, data = engine.place(group, engine.init_state(group) if state is None
+                                      else state, mesh)
+  chunk = engine.make_train_chunk(group, chunk_steps)
+  feeder = None
+  if isinstance(group.data, data_lib.Stream):
+    feeder = data_lib.ChunkFeeder(group.data, int(state.step), group.steps, chunk_steps,
+                                  put=lambda c: engine.replicate(c, mesh))
+  try:
+    for _ in range(int(state.step), group.steps, chunk_steps):
+      state, _ = chunk(state, hparams, feeder.next() if feeder else data)
+  finally:
+    if feeder is not None:
+      feeder.close()
+  return state, evaluate_lib.Evaluator(group)(state)
+
+
 def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathlib.Path, *,
                 writer, saved_config: dict, resume: bool, sigterm: _SigtermFlag,
                 mesh=None) -> list[dict]:

@@ -36,10 +36,9 @@ import numpy as np
 
 from mpx import priors, schemes
 from mpx.nn import TokenTransformer, causal_decoder, greedy_decode
-from mpx.schemes import QK_POS_SCALE
 from mpx.sweep import engine, optim
-from mpx.sweep.config import SweepConfig
 from mpx.sweep.data import DeviceData, EvalData
+from mpx.tasks.common import PriorConfig
 
 # Token id = index in CHARS: digits are their own ids, which keeps decoding arithmetic.
 CHARS = "0123456789+*=$_^"
@@ -304,13 +303,12 @@ DEFAULT_FRACTIONS = {"addition": 0.004, "multiplication": 0.03}  # The paper's p
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(SweepConfig):
-  """fractions: the data fractions to train on; None = the paper's per task
+class Config(PriorConfig):
+  """Shared fields: `mpx.tasks.common.PriorConfig`. fractions: the data fractions to train on; None = the paper's per task
   (`DEFAULT_FRACTIONS`), a tuple = that sweep for every task (one group each).
 
   digits: operand digits of both operands (3: addition over 10^6 pairs; see
     the module docstring for why multiplication is 3×3 too).
-  mask_strength: the prior's ±a; mask_layers: which layers carry it (None = all).
   test_size: held-out problems, disjoint from every training set.
   eval_batch: test problems per compiled evaluation call (all members at once).
   qk_pos_scale: the QK schemes scale the position embedding by it (the recipe's ×18).
@@ -323,40 +321,26 @@ class Config(SweepConfig):
   probe_size: test problems the persistence diagnostics run on (fidelity on the rows
     that predict an answer digit, drift, gradient norms of the answer loss).
   """
+  width: int = 384       # Lee et al.'s NanoGPT: 6 × 384, MLP 4×, AdamW wd 0.1.
+  depth: int = 6
+  mlp_dim: int = 1536
+  weight_decay: float = 0.1
   tasks: tuple[str, ...] = TASKS
-  schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")
   seeds: int = 5
   fractions: tuple[float, ...] | None = None
   digits: int = 3
   reverse_answer: bool = False
-  width: int = 384
-  depth: int = 6
-  num_heads: int = 6
-  head_dim: int = 64
-  mlp_dim: int = 1536
-  batch_size: int = 256
   learning_rate: float = 1e-3
-  weight_decay: float = 0.1
   warmup_steps: int = 100
   steps: int = 5000
-  mask_strength: float = 4.0
-  mask_lr_multiplier: float = 1.0
-  per_head_mask: bool = True
-  mask_layers: tuple[int, ...] | None = None
-  qk_opt_steps: int = 10_000
-  qk_pos_scale: float = QK_POS_SCALE
   test_size: int = 10_000
   eval_batch: int = 2000
-  probe_size: int = 128
 
   def __post_init__(self):
     super().__post_init__()
     unknown = [t for t in self.tasks if t not in TASKS]
     if unknown or not self.tasks:
       raise ValueError(f"unknown tasks {unknown or '()'}; choose from {TASKS}.")
-    bad = [s for s in self.schemes if s not in schemes.SCHEMES]
-    if bad or not self.schemes:
-      raise ValueError(f"unknown schemes {bad or '()'}; choose from {schemes.SCHEMES}.")
     if self.fractions is not None and not (self.fractions and
                                            all(0 < f < 1 for f in self.fractions)):
       raise ValueError(f"fractions must lie in (0, 1); got {self.fractions}.")

@@ -19,11 +19,10 @@ import numpy as np
 from mpx import attention as attention_lib
 from mpx import priors, schemes
 from mpx.nn import TokenTransformer, boolean_tokens
-from mpx.schemes import QK_POS_SCALE
 from mpx.sweep import engine, optim
-from mpx.sweep.config import SweepConfig
 from mpx.sweep.data import DeviceData, EvalData
 from mpx.tasks import boolean
+from mpx.tasks.common import PriorConfig
 
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 
@@ -31,8 +30,8 @@ COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 TASK_PROTOCOL = {"2parity": (1e-5, 20), "majority3": (1e-5, 30), "cyclic3": (2e-5, 80)}
 
 @dataclasses.dataclass(frozen=True)
-class Config(SweepConfig):
-  """learning_rate / epochs: None = the GOTU protocol's per-task values.
+class Config(PriorConfig):
+  """Shared fields: `mpx.tasks.common.PriorConfig`. learning_rate / epochs: None = the GOTU protocol's per-task values.
 
   designs: the mask designs (`MASK_DESIGNS`) the "mask" scheme expands into.
   init_style: "torch" (the GOTU code's init, N(0, 1) embeddings) or "flax" (lecun normal,
@@ -50,27 +49,12 @@ class Config(SweepConfig):
     a float32 bias) or "cudnn" (its fused cuDNN kernel: GPU with bfloat16 only).
   """
   tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)  # Or your own, see boolean.register_task.
-  schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")
   seeds: int = 10
-  width: int = 256
-  depth: int = 12
-  num_heads: int = 6
-  head_dim: int = 64
-  mlp_dim: int = 256
-  batch_size: int = 256
   learning_rate: float | None = None
   epochs: int | None = None
-  weight_decay: float = 1e-3
-  mask_strength: float = 4.0
-  mask_lr_multiplier: float = 1.0
-  per_head_mask: bool = True
-  mask_layers: tuple[int, ...] | None = None
   designs: tuple[str, ...] = ("clique",)
   init_style: str = "torch"
-  qk_opt_steps: int = 10_000
-  qk_pos_scale: float = QK_POS_SCALE
   eval_points_per_call: int = 8192
-  probe_size: int = 128
   compute_dtype: str = "float32"
   attention: str = "reference"
 
@@ -98,9 +82,6 @@ class Config(SweepConfig):
     if unset and (self.learning_rate is None or self.epochs is None):
       raise ValueError(f"tasks {unset} have no GOTU protocol: set learning_rate and epochs "
                        "(e.g. --set learning_rate=1e-3 --set epochs=8, as the cpu preset).")
-    bad = [s for s in self.schemes if s not in schemes.SCHEMES]
-    if bad:
-      raise ValueError(f"unknown schemes {bad}; choose from {schemes.SCHEMES}.")
     unknown = [d for d in self.designs if d not in MASK_DESIGNS]
     if unknown or not self.designs:
       raise ValueError(f"unknown mask designs {unknown or '()'}; choose from "

@@ -1,0 +1,53 @@
+"""Config fields every mask-prior experiment on a transformer shares, declared once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mpx import schemes as schemes_lib
+from mpx.schemes import QK_POS_SCALE
+from mpx.sweep.config import SweepConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class PriorConfig(SweepConfig):
+  """The model's shape, the init schemes and their prior, the batch and the probe.
+
+  Defaults are the GOTU model's (PAPER.md); an experiment redeclares the ones it changes.
+    schemes: init schemes (`mpx.schemes.SCHEMES`), one member per scheme and seed.
+    mask_strength: the prior's ±a; mask_lr_multiplier: the mask's learning-rate factor
+      (mask members only; the others' neutral mask is frozen).
+    mask_layers: the layers with a mask leaf (None = all); per_head_mask: one prior per
+      head (else one shared by the heads).
+    qk_opt_steps / qk_pos_scale: QK-Opt's iterations and the position-embedding scale
+      both QK schemes use (the recipe's ×18).
+    probe_size: examples the persistence diagnostics run on.
+  """
+  schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")
+  width: int = 256
+  depth: int = 12
+  num_heads: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 256
+  per_head_mask: bool = True
+  mask_layers: tuple[int, ...] | None = None
+  batch_size: int = 256
+  weight_decay: float = 1e-3
+  mask_strength: float = 4.0
+  mask_lr_multiplier: float = 1.0
+  qk_opt_steps: int = 10_000
+  qk_pos_scale: float = QK_POS_SCALE
+  probe_size: int = 128
+
+  def __post_init__(self):
+    super().__post_init__()
+    bad = [s for s in self.schemes if s not in schemes_lib.SCHEMES]
+    if bad or not self.schemes:
+      raise ValueError(f"unknown schemes {bad or '()'}; choose from {schemes_lib.SCHEMES}.")
+    for name in ("width", "depth", "num_heads", "head_dim", "mlp_dim", "batch_size"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
+    outside = [i for i in self.mask_layers or () if not 0 <= i < self.depth]
+    if outside:
+      raise ValueError(f"mask_layers {outside} are not layers of a depth-{self.depth} "
+                       f"model; choose from 0..{self.depth - 1} (or none for all).")
