@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch_reference  # noqa: E402
-from mpx.nn import boolean_tokens  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import engine, optim  # noqa: E402
 from mpx.tasks import boolean_gotu  # noqa: E402
+from mpx.tasks import boolean  # noqa: E402
 
 README = ROOT / "benchmarks" / "README.md"
 EXPERIMENT = ROOT / "experiments" / "boolean_gotu.py"
@@ -141,7 +141,7 @@ def torch_scale(scale: str) -> torch_reference.Scale:
 def check_param_counts(scale: str) -> int:
   """Asserts the torch and mpx models have the same number of parameters."""
   experiment, cfg = experiment_config(scale, 1)
-  tokens = boolean_tokens(jnp.ones((1, torch_reference.N_BITS)))
+  tokens = boolean.tokens(jnp.ones((1, torch_reference.N_BITS)))
   shapes = jax.eval_shape(boolean_gotu.make_model(cfg).init, jax.random.key(0), tokens)
   ours = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes["params"]))
   theirs = torch_reference.num_params(torch_reference.TokenTransformer(torch_scale(scale)))

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from mpx import priors, schemes
-from mpx.nn import TokenTransformer, boolean_tokens
+from mpx.nn import TokenTransformer
 from mpx.sweep import DeviceData, EvalData, engine, optim
+from mpx.tasks import boolean
 
 N_BITS = 6
 MODEL = TokenTransformer(width=8, depth=1, num_heads=2, head_dim=4, mlp_dim=8)
@@ -19,14 +20,14 @@ def member(seed=0, scheme="mask", lr=1e-2, **hparams):
 
 
 def init_params(m):
-  params = MODEL.init(jax.random.key(m.seed), boolean_tokens(jnp.ones((1, N_BITS))))["params"]
+  params = MODEL.init(jax.random.key(m.seed), boolean.tokens(jnp.ones((1, N_BITS))))["params"]
   prior = priors.parity_prior(N_BITS, (0, 1), 3.0)
   return schemes.apply_scheme(m.scheme, params, prior, jax.random.key(7), num_heads=2,
                               head_dim=4, qk_opt_steps=50)
 
 
 def predict(params, x):
-  return MODEL.apply({"params": params}, boolean_tokens(x))[:, 0]
+  return MODEL.apply({"params": params}, boolean.tokens(x))[:, 0]
 
 
 def loss_fn(params, batch, key):

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from mpx import attention, priors, schemes
-from mpx.nn import TokenTransformer, boolean_tokens
+from mpx.nn import TokenTransformer
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine
 from mpx.tasks import boolean_gotu as family
+from mpx.tasks import boolean
 
 EXPERIMENT = config_lib.load_experiment(
     str(pathlib.Path(__file__).parents[1] / "experiments" / "boolean_gotu.py"))
@@ -52,7 +53,7 @@ def test_clique_design_is_the_task_prior():
 
 def test_per_layer_writer_puts_each_prior_in_its_block():
   model = TokenTransformer(width=16, depth=2, num_heads=2, head_dim=8, mlp_dim=16)
-  params = model.init(jax.random.key(0), boolean_tokens(jnp.ones((1, 15))))["params"]
+  params = model.init(jax.random.key(0), boolean.tokens(jnp.ones((1, 15))))["params"]
   clique = priors.parity_prior(15, (0, 1), 4.0)
   per_head = priors.stack_heads([clique, priors.neutral(N)])
   out = schemes.set_masks_per_layer(params, {"block_0": clique, "block_1": per_head})

@@ -8,7 +8,8 @@ import pytest
 
 from mpx import diagnostics, priors
 from mpx.attention import attention_weights
-from mpx.nn import TokenTransformer, boolean_tokens
+from mpx.nn import TokenTransformer
+from mpx.tasks import boolean
 
 MODEL_KW = dict(width=16, depth=2, num_heads=2, head_dim=8, mlp_dim=16)
 N_BITS = 6
@@ -22,7 +23,7 @@ def _model(strength=None, learnable=True):
 
 
 def _tokens():
-  return boolean_tokens(jax.random.rademacher(jax.random.key(0), (32, N_BITS)))
+  return boolean.tokens(jax.random.rademacher(jax.random.key(0), (32, N_BITS)))
 
 
 def test_drift_is_zero_at_init_and_for_frozen_masks():

@@ -9,7 +9,8 @@ import optax
 import pytest
 
 from mpx import priors
-from mpx.nn import MaskedSelfAttention, TokenTransformer, boolean_tokens
+from mpx.nn import MaskedSelfAttention, TokenTransformer
+from mpx.tasks import boolean
 
 B, N, WIDTH, H, R = 2, 5, 12, 3, 8
 
@@ -91,7 +92,7 @@ def _small_model(**kw):
 
 
 def test_token_transformer_mask_only_where_expected():
-  x = boolean_tokens(jnp.ones((B, 15)))
+  x = boolean.tokens(jnp.ones((B, 15)))
   everywhere = _small_model().init(jax.random.key(0), x)["params"]
   assert _mask_paths(everywhere) == [f"block_{i}/attention/mask_logits" for i in range(3)]
   chex.assert_shape(everywhere["block_0"]["attention"]["mask_logits"], (2, 16, 16))
@@ -104,7 +105,7 @@ def test_token_transformer_mask_only_where_expected():
 
 
 def test_token_transformer_outputs_and_neutral_equivalence():
-  x = boolean_tokens(jax.random.rademacher(jax.random.key(1), (B, 15)))
+  x = boolean.tokens(jax.random.rademacher(jax.random.key(1), (B, 15)))
   model = _small_model()
   params = model.init(jax.random.key(0), x)
   chex.assert_shape(model.apply(params, x), (B, 1))
@@ -121,7 +122,7 @@ def test_token_transformer_outputs_and_neutral_equivalence():
 
 def test_torch_style_init_scales():
   model = TokenTransformer()   # The GOTU paper-scale model.
-  params = model.init(jax.random.key(0), boolean_tokens(jnp.ones((1, 15))))["params"]
+  params = model.init(jax.random.key(0), boolean.tokens(jnp.ones((1, 15))))["params"]
   assert abs(float(jnp.std(params["pos_embed"])) - 1.0) < 0.05      # N(0, 1)
   assert abs(float(jnp.std(params["token_embed"]["embedding"])) - 1.0) < 0.2
   q = params["block_0"]["attention"]["query"]["kernel"]
@@ -139,7 +140,7 @@ def test_torch_style_init_scales():
 
 
 def test_token_transformer_bad_config_and_inputs():
-  x = boolean_tokens(jnp.ones((B, 15)))
+  x = boolean.tokens(jnp.ones((B, 15)))
   with pytest.raises(ValueError, match="mask_layers"):
     _small_model(mask_layers=(5,)).init(jax.random.key(0), x)
   with pytest.raises(ValueError, match="integer token ids"):
@@ -151,7 +152,7 @@ def test_token_transformer_bad_config_and_inputs():
 def test_bfloat16_compute_keeps_float32_params_and_readout():
   """`dtype=bfloat16` runs the projection and MLP matmuls in bf16 on the same float32
   params; the output stays float32 and close to the float32 model's."""
-  tokens = boolean_tokens(jax.random.choice(jax.random.key(0), jnp.array([-1, 1]), (8, 6)))
+  tokens = boolean.tokens(jax.random.choice(jax.random.key(0), jnp.array([-1, 1]), (8, 6)))
   f32 = TokenTransformer(width=32, depth=2, num_heads=2, head_dim=16, mlp_dim=32)
   bf16 = f32.clone(dtype=jnp.bfloat16)
   params = f32.init(jax.random.key(1), tokens)["params"]

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from mpx import diagnostics
-from mpx.nn import boolean_tokens
 from mpx.sweep import config as config_lib
 from mpx.tasks import arithmetic, boolean_gotu
+from mpx.tasks import boolean
 
 ROOT = pathlib.Path(__file__).parents[1] / "experiments"
 BOOLEAN = config_lib.load_experiment(str(ROOT / "boolean_gotu.py"))
@@ -30,7 +30,7 @@ def test_boolean_qk_schemes_hold_their_pattern_on_training_inputs(task):
   allowed = np.asarray(boolean_gotu.task_prior(task, config.mask_strength)) > 0
   for i, member in enumerate(group.members):
     params = group.task.init(member)
-    tokens = boolean_tokens(group.data.arrays["x"][:256])
+    tokens = boolean.tokens(group.data.arrays["x"][:256])
     maps = diagnostics.attention_maps(model.apply, params, tokens)
     for layer in range(config.depth):
       mass = diagnostics.prior_fidelity(maps[f"block_{layer}"], allowed)

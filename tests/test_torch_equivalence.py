@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from mpx import nn as mpx_nn
+from mpx.tasks import boolean
 
 torch = pytest.importorskip(
     "torch", reason="compares against PyTorch: pip install torch==2.13.0 (the `bench` "
@@ -114,7 +115,7 @@ def _perturbed(params, seed, mask_scale=None):
 
 def _outputs(params, x_BN, implementation="reference"):
   """(mpx, torch) outputs `[B]` as float32 numpy arrays for the same weights and inputs."""
-  ours = _mpx_model(implementation).apply(params, mpx_nn.boolean_tokens(x_BN))[:, 0]
+  ours = _mpx_model(implementation).apply(params, boolean.tokens(x_BN))[:, 0]
   model = _torch_model()
   model.load_state_dict(torch_state_dict(params))  # strict: every torch param is set.
   with torch.no_grad():

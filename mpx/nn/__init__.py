@@ -2,7 +2,7 @@
 
 from mpx.nn.attention import MaskedSelfAttention
 from mpx.nn.decoder import causal_decoder, greedy_decode
-from mpx.nn.transformer import Block, Mlp, TokenTransformer, boolean_tokens
+from mpx.nn.transformer import Block, Mlp, TokenTransformer
 
 __all__ = ["MaskedSelfAttention", "Block", "causal_decoder", "Mlp", "TokenTransformer",
-           "boolean_tokens", "greedy_decode"]
+           "greedy_decode"]

@@ -22,11 +22,6 @@ from mpx.nn.attention import MaskedSelfAttention
 READOUTS = ("cls", "tokens")
 
 
-def boolean_tokens(x_BN: jax.Array) -> jax.Array:
-  """±1 inputs → token ids {0, 1}, as the GOTU code's `(x + 1) / 2`."""
-  return ((jnp.asarray(x_BN) + 1) // 2).astype(jnp.int32)
-
-
 class Mlp(nn.Module):
   hidden: int
   init_style: str = "torch"
@@ -69,7 +64,7 @@ class TokenTransformer(nn.Module):
   `[B, N, out_features]` (per-token readout, e.g. a causal LM).
 
   Attributes:
-    vocab_size: 2 for Boolean inputs (see `boolean_tokens`).
+    vocab_size: 2 for Boolean inputs (see `mpx.tasks.boolean.tokens`).
     width, depth, num_heads, head_dim, mlp_dim: the GOTU model is 256, 12, 6, 64, 256.
     out_features: 1 for the Boolean regression.
     cls_token: prepend a learned CLS token (token 0).
@@ -117,7 +112,7 @@ class TokenTransformer(nn.Module):
     if tokens_BN.ndim != 2 or not jnp.issubdtype(tokens_BN.dtype, jnp.integer):
       raise ValueError(f"TokenTransformer takes integer token ids [B, n]; got "
                        f"{tokens_BN.dtype}{tokens_BN.shape} (Boolean ±1 inputs: use "
-                       "mpx.nn.boolean_tokens).")
+                       "mpx.tasks.boolean.tokens).")
     embed_init = (initializers.torch_embedding if self.init_style == "torch"
                   else nn.initializers.normal(0.02))
     x_BND = nn.Embed(self.vocab_size, self.width, embedding_init=embed_init,

@@ -19,6 +19,7 @@ import dataclasses
 import functools
 from typing import Callable
 
+import jax.numpy as jnp
 import numpy as np
 
 MAX_BITS = 20  # 2^20 points x 20 bits x 4 bytes = 80 MiB for the cube; beyond that, not a toy.
@@ -70,6 +71,11 @@ def _check_n_bits(n_bits) -> int:
 
 def _popcount(masks: np.ndarray) -> np.ndarray:
   return np.bitwise_count(np.asarray(masks, dtype=np.uint64)).astype(np.int64)
+
+
+def tokens(x_BN) -> jnp.ndarray:
+  """±1 inputs → the model's token ids {0, 1}, as the GOTU code's `(x + 1) / 2`."""
+  return ((jnp.asarray(x_BN) + 1) // 2).astype(jnp.int32)
 
 
 def cube(n_bits: int) -> np.ndarray:

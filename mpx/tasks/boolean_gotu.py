@@ -18,7 +18,7 @@ import numpy as np
 
 from mpx import attention as attention_lib
 from mpx import priors, schemes
-from mpx.nn import TokenTransformer, boolean_tokens
+from mpx.nn import TokenTransformer
 from mpx.sweep import engine, optim
 from mpx.sweep.data import DeviceData, EvalData
 from mpx.tasks import boolean
@@ -323,7 +323,7 @@ def make_task(config: Config, task_name: str) -> engine.Task:
   task's prior), squared loss on the CLS output, the whole cube as evaluation set."""
   spec = boolean.get_task(task_name)
   model = make_model(config)
-  tokens = boolean_tokens(jnp.ones((1, spec.n_bits)))
+  tokens = boolean.tokens(jnp.ones((1, spec.n_bits)))
   masked = range(config.depth) if config.mask_layers is None else config.mask_layers
   mdi = boolean.mdi_values(spec)
   unseen = ~spec.seen(boolean.cube(spec.n_bits))
@@ -344,7 +344,7 @@ def make_task(config: Config, task_name: str) -> engine.Task:
                                 pos_scale=config.qk_pos_scale)
 
   def predict(params, x_BN):
-    return model.apply({"params": params}, boolean_tokens(x_BN))[:, 0]
+    return model.apply({"params": params}, boolean.tokens(x_BN))[:, 0]
 
   def loss(params, batch, key):
     del key  # Deterministic model.
@@ -385,7 +385,7 @@ def make_group(config: Config, task_name: str,
   x_cube, _ = boolean.make_splits(spec, 0)["test"]
   x_probe, y_probe, seen_probe = boolean.probe_points(spec, config.probe_size, seed=0)
   probe = engine.Probe(
-      apply=model.apply, inputs=(boolean_tokens(x_probe),),
+      apply=model.apply, inputs=(boolean.tokens(x_probe),),
       batch={"x": jnp.asarray(x_probe[seen_probe]), "y": jnp.asarray(y_probe[seen_probe])},
       patterns=[member_patterns(config, task_name, m.scheme, m.design)
                 for m in group_members],
