@@ -40,23 +40,39 @@ def _layer_norm(name: str) -> nn.LayerNorm:
   return nn.LayerNorm(epsilon=1e-5, name=name)  # PyTorch's default eps.
 
 
+def drop_path(x_BND: jax.Array, rate: float, key: jax.Array) -> jax.Array:
+  """Stochastic depth: zero a residual branch for a `rate` share of the examples and
+  scale the rest by 1 / (1 − rate), so its expectation is unchanged."""
+  keep = 1.0 - rate
+  keep_B11 = jax.random.bernoulli(key, keep, (x_BND.shape[0],) + (1,) * (x_BND.ndim - 1))
+  return jnp.where(keep_B11, x_BND / keep, jnp.zeros_like(x_BND))
+
+
 class Block(nn.Module):
   """Pre-LN block: x + Attn(LN(x)), then x + MLP(LN(x)).
 
   `make_attention` is a configured constructor (`functools.partial(MaskedSelfAttention,
-  ...)`) so a model can give each layer its own mask settings.
+  ...)`) so a model can give each layer its own mask settings. `drop_path` > 0 drops each
+  residual branch per example (the "drop_path" rng) unless `deterministic`.
   """
   make_attention: Callable[..., MaskedSelfAttention]
   mlp_dim: int
   init_style: str = "torch"
   dtype: Any = None
+  drop_path: float = 0.0
+
+  def _branch(self, branch_BND, deterministic: bool):
+    if deterministic or self.drop_path == 0.0:
+      return branch_BND
+    return drop_path(branch_BND, self.drop_path, self.make_rng("drop_path"))
 
   @nn.compact
-  def __call__(self, x_BND, padding_mask_BN=None):
+  def __call__(self, x_BND, padding_mask_BN=None, deterministic: bool = True):
     attention = self.make_attention(name="attention")
-    x_BND = x_BND + attention(_layer_norm("attention_norm")(x_BND), padding_mask_BN)
+    x_BND = x_BND + self._branch(
+        attention(_layer_norm("attention_norm")(x_BND), padding_mask_BN), deterministic)
     mlp = Mlp(self.mlp_dim, self.init_style, self.dtype, name="mlp")
-    return x_BND + mlp(_layer_norm("mlp_norm")(x_BND))
+    return x_BND + self._branch(mlp(_layer_norm("mlp_norm")(x_BND)), deterministic)
 
 
 class TokenTransformer(nn.Module):
