@@ -48,6 +48,15 @@ def drop_path(x_BND: jax.Array, rate: float, key: jax.Array) -> jax.Array:
   return jnp.where(keep_B11, x_BND / keep, jnp.zeros_like(x_BND))
 
 
+def mask_layer_set(mask_layers: Sequence[int] | None, depth: int) -> set[int]:
+  """The layers that carry a `mask_logits` leaf (None = all), checked against `depth`."""
+  layers = range(depth) if mask_layers is None else mask_layers
+  bad = [i for i in layers if not 0 <= i < depth]
+  if bad:
+    raise ValueError(f"mask_layers {bad} are outside the {depth} layers.")
+  return set(layers)
+
+
 class Block(nn.Module):
   """Pre-LN block: x + Attn(LN(x)), then x + MLP(LN(x)).
 
@@ -116,11 +125,7 @@ class TokenTransformer(nn.Module):
       raise ValueError(f"readout={self.readout!r}; choose one of {READOUTS}.")
     if self.readout == "cls" and not self.cls_token:
       raise ValueError("readout='cls' needs cls_token=True.")
-    layers = range(self.depth) if self.mask_layers is None else self.mask_layers
-    bad = [i for i in layers if not 0 <= i < self.depth]
-    if bad:
-      raise ValueError(f"mask_layers {bad} are outside the {self.depth} layers.")
-    return set(layers)
+    return mask_layer_set(self.mask_layers, self.depth)
 
   @nn.compact
   def __call__(self, tokens_BN: jax.Array, padding_mask_BN: jax.Array | None = None):

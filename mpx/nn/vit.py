@@ -21,7 +21,7 @@ from flax import linen as nn
 from mpx import priors
 from mpx.nn import initializers
 from mpx.nn.attention import MaskedSelfAttention
-from mpx.nn.transformer import Block, _layer_norm
+from mpx.nn.transformer import Block, _layer_norm, mask_layer_set
 
 POOLS = ("cls", "gap")
 POS_EMBEDS = ("learned", "sincos2d")
@@ -103,11 +103,7 @@ class ViT(nn.Module):
     if not 0.0 <= self.drop_path < 1.0:
       raise ValueError(f"drop_path must be in [0, 1); got {self.drop_path}.")
     grid_size(self)
-    layers = range(self.depth) if self.mask_layers is None else self.mask_layers
-    bad = [i for i in layers if not 0 <= i < self.depth]
-    if bad:
-      raise ValueError(f"mask_layers {bad} are outside the {self.depth} layers.")
-    return set(layers)
+    return mask_layer_set(self.mask_layers, self.depth)
 
   def _check_images(self, images_BHWC):
     expected = _pair(self.image_size) + (self.channels,)

@@ -13,7 +13,6 @@ import json
 import pathlib
 import signal
 import sys
-import time
 import types
 
 import jax

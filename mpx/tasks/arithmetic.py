@@ -363,10 +363,6 @@ def task_fractions(config: Config, task: str) -> tuple[float, ...]:
   return (DEFAULT_FRACTIONS[task],) if config.fractions is None else config.fractions
 
 
-def task_fractions(config: Config, task: str) -> tuple[float, ...]:
-  return (DEFAULT_FRACTIONS[task],) if config.fractions is None else config.fractions
-
-
 def members(config: Config, task: str, fraction: float) -> list[engine.Member]:
   """The member grid of one (task, fraction): scheme × seed; a seed draws both the init
   and the training set, so the schemes of one seed see the same problems."""
