@@ -30,7 +30,8 @@ def test_boolean_qk_schemes_hold_their_pattern_on_training_inputs(task):
   allowed = np.asarray(boolean_gotu.task_prior(task, config.mask_strength)) > 0
   for i, member in enumerate(group.members):
     params = group.task.init(member)
-    tokens = boolean.tokens(group.data.arrays["x"][:256])
+    x = group.data.arrays["x"][i] if group.data.per_member else group.data.arrays["x"]
+    tokens = boolean.tokens(x[:256])
     maps = diagnostics.attention_maps(model.apply, params, tokens)
     for layer in range(config.depth):
       mass = diagnostics.prior_fidelity(maps[f"block_{layer}"], allowed)
