@@ -77,6 +77,14 @@ def _progress_info(train, k: int) -> str:
   return f"loss {np.nanmean(loss):.4g}, diverged {int(k - alive.sum())}"
 
 
+def _feeder(group: engine.Group, step: int, chunk_steps: int, mesh):
+  """The background feeder of a streamed group from `step` on (None for device data)."""
+  if not isinstance(group.data, data_lib.Stream):
+    return None
+  return data_lib.ChunkFeeder(group.data, step, group.steps, chunk_steps,
+                              put=lambda chunk: engine.replicate(chunk, mesh))
+
+
 def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
         state: engine.SweepState | None = None) -> tuple[engine.SweepState, list[dict]]:
   """Trains a group to the end in memory (no run folder, no checkpoints) and evaluates it:
@@ -85,10 +93,7 @@ def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
   state, hparams, data = engine.place(group, engine.init_state(group) if state is None
                                       else state, mesh)
   chunk = engine.make_train_chunk(group, chunk_steps)
-  feeder = None
-  if isinstance(group.data, data_lib.Stream):
-    feeder = data_lib.ChunkFeeder(group.data, int(state.step), group.steps, chunk_steps,
-                                  put=lambda c: engine.replicate(c, mesh))
+  feeder = _feeder(group, int(state.step), chunk_steps, mesh)
   try:
     for _ in range(int(state.step), group.steps, chunk_steps):
       state, _ = chunk(state, hparams, feeder.next() if feeder else data)
@@ -117,10 +122,7 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
       _check_checkpoint_config(ckpt.directory, stored, saved_config)
     train_chunk = engine.make_train_chunk(group, cfg.chunk_steps)
     step = int(state.step)
-    feeder = None
-    if isinstance(group.data, data_lib.Stream):
-      feeder = data_lib.ChunkFeeder(group.data, step, group.steps, cfg.chunk_steps,
-                                    put=lambda chunk: engine.replicate(chunk, mesh))
+    feeder = _feeder(group, step, cfg.chunk_steps, mesh)
     train = None  # The last chunk's scalars.
     metrics = None  # The last evaluation's; the final one is reused, not recomputed.
     progress = report.Progress(group.steps, start_step=step,
@@ -136,10 +138,11 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
         step = min(step + cfg.chunk_steps, group.steps)
         pending, train = (step, out), out
         save = _is_due(step, cfg.checkpoint_every, group.steps) or sigterm.raised
-        if _is_due(step, cfg.eval_every, group.steps) or save:
+        evaluate_now = _is_due(step, cfg.eval_every, group.steps)
+        if evaluate_now or save:
           progress.update(step, _progress_info(out, k))
           pending = None
-          if _is_due(step, cfg.eval_every, group.steps):
+          if evaluate_now:
             metrics = evaluate(state)
             writer.write(_records(group, state, step, train, metrics))
           if save:
