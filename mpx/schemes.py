@@ -10,6 +10,15 @@ members with different schemes stack and train in one compiled program:
            recipe (PAPER.md), the position embedding is scaled (×18) with them: the
            layers see LayerNorm(token + pos), and only a dominant position term makes
            that input look like the pseudo-input the pattern was fitted on.
+The ViT (`apply_vision_scheme`, the vision family's baselines; all with a neutral mask
+except `mask`):
+  default / mask: as above.
+  mimetic: per layer W_Q W_Kᵀ ≈ 0.7 Z + 0.7 I per head and W_V W_O ≈ 0.4 Z − 0.4 I
+           (fresh Z per layer), the structure pretrained ViTs show.
+  impulse_svd / impulse_opt: each head's one-hot 2-D impulse shift fitted into W_Q, W_K
+           of every layer by QK-SVD / QK-Opt on LayerNorm(positions); a learned
+           `pos_embed` is scaled ×18 as above, fixed sin-cos positions are not (the fit
+           holds on that pseudo-input; on real images much less of it survives).
 Schemes without a mask prior should train with `mask_lr_multiplier = 0` so the neutral
 mask stays frozen.
 """
@@ -21,8 +30,10 @@ import jax.numpy as jnp
 
 from mpx import inits, priors
 from mpx.attention import is_mask_path
+from mpx.nn import vit as vit_lib
 
 SCHEMES = ("default", "mask", "qk_svd", "qk_opt")
+VISION_SCHEMES = ("default", "mimetic", "impulse_svd", "impulse_opt", "mask")
 
 
 def _fit_prior(mask_logits, leaf, path):
@@ -97,13 +108,79 @@ def apply_scheme(scheme: str, params, prior, key, *, num_heads: int, head_dim: i
   if "pos_embed" not in params:
     raise ValueError(f"scheme {scheme!r} fits W_Q, W_K on LayerNorm(pos_embed), but the "
                      f"model has no top-level 'pos_embed' param (it has {sorted(params)}).")
+  params = _scale_pos_embed(params, pos_scale)
+  return _write_qk_fit(params, "svd" if scheme == "qk_svd" else "opt",
+                       pattern_from_prior(prior, num_heads),
+                       inits.pseudo_input(params["pos_embed"]), head_dim, key, qk_opt_steps)
+
+
+def _scale_pos_embed(params, pos_scale: float):
+  """`params` with the `pos_embed` param ×`pos_scale`: the QK schemes need the position
+  term to dominate the real input LayerNorm(token + pos) for their fit to carry over."""
   if not pos_scale > 0:
     raise ValueError(f"pos_scale must be > 0; got {pos_scale}.")
-  params = dict(params, pos_embed=params["pos_embed"] * pos_scale)
-  pseudo_ND = inits.pseudo_input(params["pos_embed"])
-  pattern_HNN = pattern_from_prior(prior, num_heads)
-  if scheme == "qk_svd":
+  return dict(params, pos_embed=params["pos_embed"] * pos_scale)
+
+
+def _write_qk_fit(params, method: str, pattern_HNN, pseudo_ND, head_dim: int, key,
+                  qk_opt_steps: int):
+  """`params` with W_Q, W_K of every layer fitted to the pattern on the pseudo-input by
+  QK-SVD (`method="svd"`) or QK-Opt (`"opt"`)."""
+  if method == "svd":
     wq, wk = inits.qk_svd(pattern_HNN, pseudo_ND, head_dim, key)
   else:
     wq, wk = inits.qk_opt(pattern_HNN, pseudo_ND, head_dim, key, steps=qk_opt_steps)
   return inits.set_qk(params, wq, wk)
+
+
+def apply_vision_scheme(scheme: str, params, model: vit_lib.ViT, key, *, mask_prior=None,
+                        qk_opt_steps: int = 10_000, pos_scale: float = QK_POS_SCALE):
+  """Returns the ViT `params` (of `model`) initialised by `scheme` (`VISION_SCHEMES`).
+
+  `mask_prior` (`[N, N]` or `[H, N, N]`) is what scheme "mask" writes into every mask
+  leaf; the others write the neutral mask, so every scheme keeps one param tree.
+  mimetic draws a fresh Z per layer (`fold_in(key, layer)`): layers are not copies.
+  impulse_svd / impulse_opt fit W_Q, W_K to `inits.impulse_patterns` on
+  `pseudo_input(position_embedding(model, params))`. With learned positions the
+  `pos_embed` param is first multiplied by `pos_scale`, as `apply_scheme` does, so the
+  real first-block input looks like the pseudo-input. Fixed sin-cos positions have no
+  param to scale, so `pos_scale` is not applied: the real input is then less dominated
+  by positions and the realised shift at init is weaker than on the pseudo-input.
+  """
+  if scheme not in VISION_SCHEMES:
+    raise ValueError(f"unknown scheme {scheme!r}; choose one of {VISION_SCHEMES}.")
+  if scheme == "mask":
+    if mask_prior is None:
+      raise ValueError("scheme 'mask' needs mask_prior ([N, N] or [H, N, N], N = "
+                       f"{vit_lib.n_tokens(model)}), e.g. priors.window_prior(...).")
+    return set_masks(params, jnp.asarray(mask_prior))
+  params = set_masks(params, priors.neutral(vit_lib.n_tokens(model)))
+  if scheme == "default":
+    return params
+  if scheme == "mimetic":
+    for layer in range(model.depth):
+      name = f"block_{layer}"
+      factors = inits.mimetic(jax.random.fold_in(key, layer), model.width,
+                              model.num_heads, model.head_dim)
+      kernels = {sub: _as_kernel(w, params[name]["attention"][sub]["kernel"], name, sub)
+                 for sub, w in zip(("query", "key", "value", "out"), factors)}
+      params = inits.set_attention_kernels(params, kernels, layers=[name])
+    return params
+  if model.pos_embed == "learned":
+    params = _scale_pos_embed(params, pos_scale)
+  grid_h, grid_w = vit_lib.grid_size(model)
+  pattern_HNN = inits.impulse_patterns(grid_h, grid_w, model.num_heads,
+                                       cls_token=model.pool == "cls")
+  pseudo_ND = inits.pseudo_input(vit_lib.position_embedding(model, params))
+  return _write_qk_fit(params, scheme.removeprefix("impulse_"), pattern_HNN, pseudo_ND,
+                       model.head_dim, key, qk_opt_steps)
+
+
+def _as_kernel(w, leaf, layer: str, sub: str):
+  """`w` in the kernel's shape (`[D, H, R]` / `[H, R, D]`, or a model's fused `[D, H·R]`
+  / `[H·R, D]`); the same layout is assumed, so only the head axes may be merged."""
+  if w.size != leaf.size or (w.shape[0] != leaf.shape[0] and w.shape[-1] != leaf.shape[-1]):
+    raise ValueError(f"mimetic's {sub} kernel has shape {w.shape} but {layer}/attention/"
+                     f"{sub}/kernel is {leaf.shape}.")
+  return w.reshape(leaf.shape)
+

@@ -136,10 +136,7 @@ class ViT(nn.Module):
     if self.pos_embed == "learned":
       x_BND = x_BND + self.param("pos_embed", embed_init, (n_tokens(self), self.width))
     else:
-      pos_ND = posemb_sincos_2d(grid_h, grid_w, self.width)
-      if self.pool == "cls":
-        pos_ND = jnp.pad(pos_ND, ((1, 0), (0, 0)))
-      x_BND = x_BND + pos_ND
+      x_BND = x_BND + position_embedding(self)
 
     for i, rate in enumerate(drop_path_rates(self.drop_path, self.depth)):
       make_attention = functools.partial(
@@ -170,6 +167,22 @@ def n_tokens(model: ViT) -> int:
   """N of the attention (and of its mask): the patches, plus CLS when pool="cls"."""
   grid_h, grid_w = grid_size(model)
   return grid_h * grid_w + int(model.pool == "cls")
+
+
+def position_embedding(model: ViT, params=None) -> jax.Array:
+  """`[N, D]` float32: the positions the first block's input carries (CLS included).
+
+  The `pos_embed` param for pos_embed="learned" (`params` required), else the fixed
+  sin-cos grid with a zero row in front for a CLS token. The QK schemes fit their
+  pseudo-input on this, so none of them assumes a param the model may lack.
+  """
+  if model.pos_embed == "learned":
+    if params is None or "pos_embed" not in params:
+      raise ValueError("pos_embed='learned' positions live in the params; pass the "
+                       "model's params (with a top-level 'pos_embed').")
+    return jnp.asarray(params["pos_embed"], jnp.float32)
+  pos_ND = posemb_sincos_2d(*grid_size(model), model.width)
+  return jnp.pad(pos_ND, ((1, 0), (0, 0))) if model.pool == "cls" else pos_ND
 
 
 def vit_tiny_224(num_classes: int, **overrides) -> ViT:

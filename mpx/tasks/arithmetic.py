@@ -451,6 +451,6 @@ def make_group(config: Config, task_name: str, fraction: float,
       data=DeviceData({"tokens": np.stack([splits[m.seed]["train"] for m in group_members])},
                       per_member=True, sampling="epoch"),
       eval_data=EvalData({"tokens": test_tokens}, config.eval_batch), steps=config.steps,
-      batch_size=config.batch_size, probe=probe,
+      batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
       optim=optim.OptimConfig(optimizer="adamw", schedule="warmup_cosine",
                               total_steps=config.steps, warmup_steps=config.warmup_steps))

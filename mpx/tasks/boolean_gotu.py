@@ -22,6 +22,7 @@ from mpx.nn import TokenTransformer
 from mpx.sweep import engine, optim
 from mpx.sweep.data import DeviceData, EvalData
 from mpx.tasks import boolean
+from mpx.tasks import common
 from mpx.tasks.common import PriorConfig
 
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
@@ -263,17 +264,8 @@ def mask_design(name: str, task: str, strength: float, depth: int,
 
 
 def scheme_labels(config: Config) -> list[tuple[str, str | None]]:
-  """(label, design) per scheme: "mask" expands to `mask:<design>` per design; with the
-  default single design the label stays "mask" (the paper's table keys)."""
-  labels = []
-  for scheme in config.schemes:
-    if scheme != "mask":
-      labels.append((scheme, None))
-    elif config.designs == ("clique",):
-      labels.append(("mask", "clique"))
-    else:
-      labels.extend((f"mask:{d}", d) for d in config.designs)
-  return labels
+  """(label, design) per scheme; the mask scheme expands per design (`common.scheme_labels`)."""
+  return common.scheme_labels(config.schemes, config.designs, "clique")
 
 
 def make_model(config: Config) -> TokenTransformer:
@@ -396,5 +388,5 @@ def make_group(config: Config, task_name: str,
   return engine.Group(
       name=task_name, members=list(group_members), task=task, data=data,
       eval_data=EvalData({"x": x_cube}, config.eval_points_per_call), steps=steps,
-      batch_size=config.batch_size, probe=probe,
+      batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
       optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from mpx import schemes as schemes_lib
 from mpx.schemes import QK_POS_SCALE
@@ -22,7 +23,11 @@ class PriorConfig(SweepConfig):
     qk_opt_steps / qk_pos_scale: QK-Opt's iterations and the position-embedding scale
       both QK schemes use (the recipe's ×18).
     probe_size: examples the persistence diagnostics run on.
+    members_per_call: None vmaps a group's members at once; m maps them in slices of m
+      (the engine's memory valve: same results, less memory, for models too large to
+      vmap every member).
   """
+  SCHEME_NAMES: ClassVar[tuple[str, ...]] = schemes_lib.SCHEMES  # A family's valid schemes.
   schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")
   width: int = 256
   depth: int = 12
@@ -38,12 +43,16 @@ class PriorConfig(SweepConfig):
   qk_opt_steps: int = 10_000
   qk_pos_scale: float = QK_POS_SCALE
   probe_size: int = 128
+  members_per_call: int | None = None
 
   def __post_init__(self):
     super().__post_init__()
-    bad = [s for s in self.schemes if s not in schemes_lib.SCHEMES]
+    bad = [s for s in self.schemes if s not in self.SCHEME_NAMES]
     if bad or not self.schemes:
-      raise ValueError(f"unknown schemes {bad or '()'}; choose from {schemes_lib.SCHEMES}.")
+      raise ValueError(f"unknown schemes {bad or '()'}; choose from {self.SCHEME_NAMES}.")
+    if self.members_per_call is not None and self.members_per_call < 1:
+      raise ValueError(f"members_per_call={self.members_per_call} must be >= 1 (or none "
+                       "to vmap every member at once).")
     for name in ("width", "depth", "num_heads", "head_dim", "mlp_dim", "batch_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
@@ -51,3 +60,17 @@ class PriorConfig(SweepConfig):
     if outside:
       raise ValueError(f"mask_layers {outside} are not layers of a depth-{self.depth} "
                        f"model; choose from 0..{self.depth - 1} (or none for all).")
+
+
+def scheme_labels(schemes, designs, default_design: str) -> list[tuple[str, str | None]]:
+  """(label, design) per scheme: "mask" expands to `mask:<design>` per design; with only
+  the family's default design the label stays "mask" (the paper's table keys)."""
+  labels = []
+  for scheme in schemes:
+    if scheme != "mask":
+      labels.append((scheme, None))
+    elif tuple(designs) == (default_design,):
+      labels.append(("mask", default_design))
+    else:
+      labels.extend((f"mask:{d}", d) for d in designs)
+  return labels
