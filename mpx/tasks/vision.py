@@ -286,10 +286,12 @@ def make_task(config: Config) -> engine.Task:
   model = make_model(config)
   classes = num_classes(config)
   dummy = jnp.zeros((1, config.image_size, config.image_size, channels(config)))
+  init_params = jax.jit(lambda key: model.init(key, dummy)["params"])  # One compile, not
+  # one per random op (eager ViT init costs ~20 s of op compiles on CPU).
 
   def init(member: engine.Member):
     key = jax.random.key(member.seed)
-    params = model.init(key, dummy)["params"]
+    params = init_params(key)
     scheme = member.scheme.partition(":")[0]
     prior = (design_prior(config, member.design, member.labels["mask_strength"])
              if scheme == "mask" else None)
