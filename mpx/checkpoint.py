@@ -231,6 +231,23 @@ class Checkpointer:
       leaves.append(value)
     return jax.tree.unflatten(treedef, leaves), dict(restored[_CONFIG])
 
+  def restore_host(self, target: PyTree, step: int | None = None) -> tuple[PyTree, dict]:
+    """Like `restore`, but every leaf comes back as a whole numpy array with the leading
+    (member) axis the checkpoint has, whatever the target's: a sweep saved on 8 devices
+    (members padded to 8) restores on 1 or on 3 hosts, which then take their own rows.
+    Every process reads the whole state."""
+    step = self._resolve_step(step)
+    stored = {_path_names(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(
+        self._manager.item_metadata(step)[_STATE])[0]}
+
+    def as_stored(path, leaf):
+      if isinstance(leaf, (bool, int, float)) or not np.ndim(leaf):
+        return np.asarray(leaf) if isinstance(leaf, (jax.Array, np.generic)) else leaf
+      saved = stored.get(_path_names(path))
+      rows = saved.shape[0] if getattr(saved, "shape", None) else np.shape(leaf)[0]
+      return np.zeros((rows,) + tuple(np.shape(leaf)[1:]), np.dtype(leaf.dtype))
+    return self.restore(jax.tree_util.tree_map_with_path(as_stored, target), step)
+
   def _resolve_step(self, step: int | None) -> int:
     steps = self.all_steps()
     if not steps:

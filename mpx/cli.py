@@ -60,6 +60,9 @@ def _run_command(args) -> int:
   except run_lib.Preempted as e:
     print(f"mpx run: {e} Continue with the same command and --resume.", file=sys.stderr)
     return run_lib.PREEMPTED_EXIT_CODE
+  from mpx.sweep import distributed
+  if not distributed.is_primary():  # Process 0 writes the run's files.
+    return 0
   try:  # Drawn by default: summary.md links plots/overview.png.
     from mpx import plotting
     print(f"plots: {_plots_line(plotting.plot_run(run_dir), run_dir)}", file=sys.stderr)
@@ -94,6 +97,9 @@ def make_parser() -> argparse.ArgumentParser:
   run.add_argument("--out", help="run directory (default: runs/EXPERIMENT-PRESET)")
   run.add_argument("--resume", action="store_true",
                    help="continue from the run directory's latest checkpoints")
+  run.add_argument("--distributed", action="store_true",
+                   help="join a multi-process run (jax.distributed; also MPX_DISTRIBUTED=1): "
+                        "see launch/README.md")
   run.set_defaults(func=_run_command)
 
   plot = sub.add_parser("plot", help="draw a run's curves into RUN_DIR/plots")
@@ -124,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
   if args.command is None:
     parser.print_help()
     return 0
+  if args.command == "run":
+    from mpx.sweep import distributed
+    if distributed.requested(args.distributed):
+      distributed.initialize()  # Before any other JAX call.
   try:
     return args.func(args)
   except (ValueError, FileNotFoundError, FileExistsError) as e:

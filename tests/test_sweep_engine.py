@@ -176,7 +176,7 @@ sys.path.insert(0, {tests!r})
 import jax, numpy as np
 import sweep_fixtures as fx
 from mpx.sweep import engine
-assert jax.device_count() == 4, jax.devices()
+assert jax.device_count() == 8, jax.devices()
 members = [fx.member(i, s) for i, s in enumerate(["mask", "default", "qk_svd"])]
 mesh = engine.member_mesh()
 state = fx.train(fx.group(members), mesh=mesh)
@@ -189,13 +189,13 @@ print(json.dumps({{"leaves": [np.asarray(x)[:3].tolist() for x in
 
 def test_multi_device_sweep_matches_single_device():
   tests = str(pathlib.Path(__file__).parent)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", _MULTI_DEVICE_SCRIPT.format(tests=tests)],
                        env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads(out.stdout.strip().splitlines()[-1])
-  assert result["sharded"] == 4          # 3 members padded to 4, one per device.
+  assert result["sharded"] == 8          # 3 members padded to 8, one per device.
   members = [fx.member(i, s) for i, s in enumerate(["mask", "default", "qk_svd"])]
   single = fx.train(fx.group(members))
   for multi, leaf in zip(result["leaves"], jax.tree_util.tree_leaves(single.params)):

@@ -167,14 +167,19 @@ def member_keys(members: Sequence[Member]) -> jax.Array:
                     for m in members])
 
 
-def init_state(group: Group) -> SweepState:
-  """Host-side init of every member (init schemes may run their own optimisation)."""
-  params = stack([group.task.init(m) for m in group.members])
-  hparams = optim.stack_hparams([m.hparams for m in group.members])
+def init_state(group: Group, rows: Sequence[int] | None = None) -> SweepState:
+  """Host-side init of every member, or of the members `rows` (in that order; a repeated
+  member is initialised once): what one process of a multi-host run holds
+  (`member_rows`). Init schemes may run their own optimisation."""
+  indices = range(len(group.members)) if rows is None else [int(i) for i in rows]
+  members = [group.members[i] for i in indices]
+  inits = {i: group.task.init(group.members[i]) for i in dict.fromkeys(indices)}
+  params = stack([inits[i] for i in indices])
+  hparams = optim.stack_hparams([m.hparams for m in members])
   opt_state = jax.vmap(lambda p, h: optim.make_optimizer(group.optim, h).init(p))(
       params, hparams)
-  keys = member_keys(group.members)
-  k = len(group.members)
+  keys = member_keys(members)
+  k = len(members)
   initial = jax.tree_util.tree_map(jnp.copy, params) if group.probe is not None else None
   return SweepState(params, opt_state, keys, jnp.ones((k,), bool),
                     jnp.full((k,), -1, jnp.int32), jnp.zeros((), jnp.int32),
@@ -344,27 +349,56 @@ def _compiled_chunk(loss, optim_config, kind, batch_size, total_steps, chunk_ste
 
 
 def member_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh | None:
-  """A 1-D mesh over the local devices for the member axis; None on one device."""
-  devices = list(jax.local_devices() if devices is None else devices)
+  """A 1-D mesh over every device of every process (`jax.devices()`) for the member axis;
+  None on one device."""
+  devices = list(jax.devices() if devices is None else devices)
   if not devices:
-    raise ValueError("devices is empty; pass None to use all local devices.")
+    raise ValueError("devices is empty; pass None to use all devices.")
   return Mesh(np.array(devices), (MEMBER_AXIS,)) if len(devices) > 1 else None
 
 
 def padded_size(num_members: int, mesh: Mesh | None) -> int:
-  """Members are padded (with copies, never reported) to a multiple of the devices."""
+  """Members are padded (with copies, never reported) to a multiple of the devices. The
+  padding lives only on device: checkpoints are restored by member (`take_rows`), so a
+  run resumes on another number of devices or hosts."""
   n = 1 if mesh is None else mesh.size
   return -(-num_members // n) * n
 
 
-def shard_members(tree: PyTree, mesh: Mesh | None) -> PyTree:
-  """Places the leading member axis of every leaf across the mesh (scalars replicated)."""
+def member_rows(num_members: int, mesh: Mesh | None) -> np.ndarray:
+  """The member index of each row this process's devices hold, in row order; padding
+  rows repeat the last member. All rows on one process."""
+  size = padded_size(num_members, mesh)
+  rows = np.arange(size)
+  if mesh is not None:
+    index_map = NamedSharding(mesh, PartitionSpec(MEMBER_AXIS)).addressable_devices_indices_map(
+        (size,))
+    rows = np.unique(np.concatenate([rows[index] for index in index_map.values()]))
+  return np.minimum(rows, num_members - 1)
+
+
+def take_rows(tree: PyTree, rows: np.ndarray) -> PyTree:
+  """The member rows `rows` of every leaf with a member axis (scalars such as `step`
+  are kept)."""
+  return jax.tree_util.tree_map(lambda x: x if jnp.ndim(x) == 0 else x[np.asarray(rows)],
+                                tree)
+
+
+def to_global(tree: PyTree, mesh: Mesh | None, size: int) -> PyTree:
+  """This process's member rows → global arrays `[size, ...]` sharded over the mesh
+  (scalars replicated): `jax.make_array_from_process_local_data`, so no process holds
+  another's members."""
   if mesh is None:
-    return tree
+    return jax.tree_util.tree_map(jnp.asarray, tree)
   split = NamedSharding(mesh, PartitionSpec(MEMBER_AXIS))
   replicated = NamedSharding(mesh, PartitionSpec())
-  return jax.tree_util.tree_map(
-      lambda x: jax.device_put(x, split if jnp.ndim(x) > 0 else replicated), tree)
+
+  def place_leaf(x):
+    x = np.asarray(x)
+    if x.ndim == 0:
+      return jax.device_put(x, replicated)
+    return jax.make_array_from_process_local_data(split, x, (size,) + x.shape[1:])
+  return jax.tree_util.tree_map(place_leaf, tree)
 
 
 def replicate(tree: PyTree, mesh: Mesh | None) -> PyTree:
@@ -374,28 +408,20 @@ def replicate(tree: PyTree, mesh: Mesh | None) -> PyTree:
   return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
 
 
-def pad_members(tree: PyTree, size: int) -> PyTree:
-  """Pads the member axis to `size` by repeating the last member."""
-  def pad(x):
-    if jnp.ndim(x) == 0 or x.shape[0] == size:
-      return x
-    return jnp.concatenate([x, jnp.repeat(x[-1:], size - x.shape[0], axis=0)])
-  return jax.tree_util.tree_map(pad, tree)
+def place(group: Group, state: SweepState, mesh: Mesh | None, *, local: bool = False):
+  """(state, hparams, device data or None) padded to the mesh and placed on it.
 
-
-def place_data(data: DeviceData, size: int, mesh: Mesh | None) -> dict:
-  """Device arrays of `data` for a padded member axis: per-member arrays padded and split
-  over the mesh, shared ones replicated (one copy per device, not per member)."""
-  if data.per_member:
-    return shard_members(pad_members(dict(data.arrays), size), mesh)
-  return replicate(dict(data.arrays), mesh)
-
-
-def place(group: Group, state: SweepState, mesh: Mesh | None):
-  """(state, hparams, device data or None) padded to the mesh and placed on it."""
-  size = padded_size(len(group.members), mesh)
-  hparams = shard_members(pad_members(
-      optim.stack_hparams([m.hparams for m in group.members]), size), mesh)
-  state = shard_members(pad_members(state, size), mesh)
-  data = place_data(group.data, size, mesh) if isinstance(group.data, DeviceData) else None
-  return state, hparams, data
+  `state` holds every member (`init_state(group)`), or with `local=True` only this
+  process's rows (`init_state(group, member_rows(K, mesh))`, what a multi-host run builds).
+  """
+  k = len(group.members)
+  size, rows = padded_size(k, mesh), member_rows(k, mesh)
+  if not local:
+    state = take_rows(state, rows)
+  hparams = optim.stack_hparams([group.members[i].hparams for i in rows])
+  data = None
+  if isinstance(group.data, DeviceData):
+    arrays = dict(group.data.arrays)
+    data = (to_global(take_rows(arrays, rows), mesh, size) if group.data.per_member
+            else replicate(arrays, mesh))
+  return to_global(state, mesh, size), to_global(hparams, mesh, size), data

@@ -10,8 +10,10 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jax.sharding import NamedSharding, PartitionSpec
+
 from mpx import diagnostics
-from mpx.sweep import engine
+from mpx.sweep import distributed, engine
 
 _PROBE_KEY = 0  # The loss's key for the probe gradients: fixed, so evaluations compare.
 
@@ -28,11 +30,20 @@ def eval_values(group: engine.Group, params_K) -> dict[str, np.ndarray]:
   """`{name: [K', E]}` over the whole evaluation set (K' = padded members), one device
   call per evaluation batch, gathered once at the end."""
   fn = _eval_fn(group.task.eval_step, group.members_per_call)
-  outputs = [fn(params_K, batch) for batch in group.eval_data.batches()]
-  outputs = jax.device_get(outputs)
+  outputs = [fn(params_K, _like(params_K, batch)) for batch in group.eval_data.batches()]
+  outputs = distributed.to_host(outputs)
   size = group.eval_data.size
   return {name: np.concatenate([o[name] for o in outputs], axis=1)[:, :size]
           for name in outputs[0]}
+
+
+def _like(params_K, batch):
+  """The batch replicated over the params' mesh when they span several processes (a jit
+  over global arrays takes global arrays); as is otherwise."""
+  leaf = jax.tree_util.tree_leaves(params_K)[0]
+  if leaf.is_fully_addressable:
+    return batch
+  return jax.device_put(batch, NamedSharding(leaf.sharding.mesh, PartitionSpec()))
 
 
 class Evaluator:
@@ -53,12 +64,14 @@ class Evaluator:
   def __call__(self, state: engine.SweepState) -> list[dict]:
     group = self.group
     values = eval_values(group, state.params)
+    if group.probe is not None:  # Whole member trees on every host (a gather).
+      params, initial = distributed.to_host((state.params, state.initial))
     results = []
     for i, member in enumerate(group.members):
       metrics = group.task.summarize({k: v[i] for k, v in values.items()}, member)
       if group.probe is not None:
-        metrics |= self._persistence(i, engine.unstack(state.params, i),
-                                     engine.unstack(state.initial, i))
+        metrics |= self._persistence(i, engine.unstack(params, i),
+                                     engine.unstack(initial, i))
       results.append(metrics)
     return results
 

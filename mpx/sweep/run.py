@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import signal
 import sys
@@ -21,10 +22,27 @@ import numpy as np
 from mpx import checkpoint, diagnostics, report
 from mpx.sweep import config as config_lib
 from mpx.sweep import data as data_lib
+from mpx.sweep import distributed
 from mpx.sweep import engine
 from mpx.sweep import evaluate as evaluate_lib
 
 PREEMPTED_EXIT_CODE = 143
+
+
+_DEVNULL = open(os.devnull, "w")  # Where the progress of processes other than 0 goes.
+
+
+class _NullWriter:
+  """The metrics writer of processes other than 0: process 0 writes every record."""
+
+  def write(self, records) -> None:
+    del records
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return None
 
 
 class Preempted(Exception):
@@ -56,8 +74,7 @@ def _is_due(step: int, every: int, last: int) -> bool:
 
 def _records(group, state, step, train, metrics):
   """One metrics record per member; `train` is the last chunk's output (or None)."""
-  alive = np.asarray(state.alive)
-  diverged_step = np.asarray(state.diverged_step)
+  alive, diverged_step, train = distributed.to_host((state.alive, state.diverged_step, train))
   scalars = {name: np.asarray(v) for name, v in (train or {}).items() if name != "alive"}
   scalars.setdefault("train_loss", np.full((len(group.members),), np.nan))
   records = []
@@ -73,7 +90,8 @@ def _records(group, state, step, train, metrics):
 
 
 def _progress_info(train, k: int) -> str:
-  loss, alive = np.asarray(train["train_loss"])[:k], np.asarray(train["alive"])[:k]
+  loss, alive = distributed.to_host((train["train_loss"], train["alive"]))
+  loss, alive = loss[:k], alive[:k]
   return f"loss {np.nanmean(loss):.4g}, diverged {int(k - alive.sum())}"
 
 
@@ -113,20 +131,26 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
   evaluations and checkpoints (which need the state itself, and so wait for it).
   """
   k = len(group.members)
-  state, hparams, data = engine.place(group, engine.init_state(group), mesh)
+  rows = engine.member_rows(k, mesh)  # This process's members: it builds only those.
   evaluate = evaluate_lib.Evaluator(group)
   with checkpoint.Checkpointer(run_dir / "checkpoints" / group.name,
                                max_to_keep=cfg.keep_checkpoints) as ckpt:
+    state = engine.init_state(group, rows)
     if resume and ckpt.latest_step() is not None:
-      state, stored = ckpt.restore(state)
+      # Whole arrays by member, then this process's rows: the checkpoint may come from
+      # another number of devices or hosts (other padding, other rows per process).
+      state, stored = ckpt.restore_host(state)
       _check_checkpoint_config(ckpt.directory, stored, saved_config)
+      state = engine.take_rows(state, rows)
+    state, hparams, data = engine.place(group, state, mesh, local=True)
     train_chunk = engine.make_train_chunk(group, cfg.chunk_steps)
     step = int(state.step)
     feeder = _feeder(group, step, cfg.chunk_steps, mesh)
     train = None  # The last chunk's scalars.
     metrics = None  # The last evaluation's; the final one is reused, not recomputed.
     progress = report.Progress(group.steps, start_step=step,
-                               label=f"{group.name} ({k} members)")
+                               label=f"{group.name} ({k} members)",
+                               stream=None if distributed.is_primary() else _DEVNULL)
     try:
       if step == 0 and cfg.eval_every:  # Curves and heatmaps start at the initialisation.
         writer.write(_records(group, state, 0, None, evaluate(state)))
@@ -137,7 +161,9 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
           progress.update(pending[0], _progress_info(pending[1], k))
         step = min(step + cfg.chunk_steps, group.steps)
         pending, train = (step, out), out
-        save = _is_due(step, cfg.checkpoint_every, group.steps) or sigterm.raised
+        # One host's SIGTERM is every host's: all enter the collective save together.
+        preempted = distributed.any_process(sigterm.raised)
+        save = _is_due(step, cfg.checkpoint_every, group.steps) or preempted
         evaluate_now = _is_due(step, cfg.eval_every, group.steps)
         if evaluate_now or save:
           progress.update(step, _progress_info(out, k))
@@ -147,7 +173,7 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
             writer.write(_records(group, state, step, train, metrics))
           if save:
             ckpt.save(step, state, saved_config)
-          if sigterm.raised and step < group.steps:
+          if preempted and step < group.steps:
             raise Preempted(f"SIGTERM: saved group {group.name} at step {step}.")
     finally:
       progress.close()
@@ -288,7 +314,9 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   if variants[0][0]:  # An architecture sweep: the first variant's config and the values.
     saved_config["sweep"] = {k: [labels[k] for labels, _ in variants] for k in variants[0][0]}
   # Every check comes before the first write: a refused run leaves the folder as it was.
+  # All processes check (each must refuse alike); process 0 alone writes, then all wait.
   _check_run_dir(run_dir)
+  primary = distributed.is_primary()
   if resume:
     _check_resume_config(run_dir, saved_config)
     _check_checkpoint_configs(run_dir, saved_config)
@@ -297,8 +325,10 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   else:
     _check_fresh(run_dir)
     keep = None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(saved_config, indent=2) + "\n")
+    if primary:
+      run_dir.mkdir(parents=True, exist_ok=True)
+      (run_dir / "config.json").write_text(json.dumps(saved_config, indent=2) + "\n")
+  distributed.barrier("mpx-run-checked")
   mesh = engine.member_mesh(devices)
   print(f"mpx run {experiment.NAME} --preset {preset} → {run_dir} "
         f"({jax.device_count()} {jax.default_backend()} device(s))", file=sys.stderr)
@@ -308,10 +338,13 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
                      "each group needs its own checkpoint folder.")
   final = []
-  with report.MetricsWriter(run_dir, keep=keep) as writer, _SigtermFlag() as sigterm:
+  writer = report.MetricsWriter(run_dir, keep=keep) if primary else _NullWriter()
+  with writer, _SigtermFlag() as sigterm:
     for group in groups:
       final += train_group(group, cfg, run_dir, writer=writer, saved_config=saved_config,
                            resume=resume, sigterm=sigterm, mesh=mesh)
+  if not primary:
+    return {"run_dir": str(run_dir)}
   reported = tuple(experiment.METRICS) + PERSISTENCE_METRICS
   members = [{k: r[k] for k in ("task", "scheme", "seed", "hparams", "diverged")} |
              {"metrics": {m: r[m] for m in reported if m in r}} for r in final]

@@ -1,0 +1,153 @@
+"""Many processes give the single-device sweep: two real processes on localhost joined by
+jax.distributed (CPU, gloo collectives, 2 devices each, 6 members on 4 devices), whose
+checkpoint then resumes in one process on one device; a SIGTERM one process sees
+checkpoints both. (8 devices in one process: tests/test_sweep_engine.py.)"""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# 2Parity, default + mask, 3 seeds: 6 members (not a multiple of 4), 96 steps (one
+# epoch), checkpoints every 16 (the last 2 kept), evaluations at 0, 48 and 96.
+TINY = ["--set", "seeds=3", "--set", "eval_every=48"]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+# One persistent compilation cache for this module's processes: the runs repeat programs
+# (the same group on 1 device three times, on 2 processes twice), which halves the time.
+_CACHE = {"JAX_COMPILATION_CACHE_DIR": tempfile.mkdtemp(prefix="mpx-test-jax-cache-"),
+          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def _env(devices: int, **extra) -> dict:
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("MPX_", "SLURM_")) and k != "XLA_FLAGS"}
+  return env | _CACHE | {"JAX_PLATFORMS": "cpu",
+                         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"
+                         } | extra
+
+
+def _mpx_run(out, devices, *args, env=None, processes=1, timeout=300):
+  """`mpx run boolean_gotu --preset tiny` as `processes` processes of `devices` each."""
+  command = [sys.executable, "-m", "mpx.cli", "run", "boolean_gotu", "--preset", "tiny",
+             "--out", str(out), *TINY, *args]
+  if processes == 1:
+    envs = [env or _env(devices)]
+  else:
+    port = _free_port()
+    envs = [_env(devices, MPX_DISTRIBUTED="1", MPX_COORDINATOR=f"localhost:{port}",
+                 MPX_NUM_PROCESSES=str(processes), MPX_PROCESS_ID=str(i))
+            for i in range(processes)]
+  procs = [subprocess.Popen(command, env=e, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for e in envs]
+  outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+  for p, output in zip(procs, outputs):
+    assert p.returncode == 0, output[-4000:]
+  return outputs
+
+
+def _metrics(run_dir):
+  summary = json.loads((pathlib.Path(run_dir) / "summary.json").read_text())
+  return [(m["scheme"], m["seed"], m["metrics"]) for m in summary["members"]]
+
+
+def _assert_same(a, b, rtol):
+  assert [(s, seed) for s, seed, _ in a] == [(s, seed) for s, seed, _ in b]
+  for (_, _, x), (_, _, y) in zip(a, b):
+    assert x.keys() == y.keys()
+    for name in x:
+      np.testing.assert_allclose(x[name], y[name], rtol=rtol, atol=rtol, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+  """The reference: one process, one device."""
+  out = tmp_path_factory.mktemp("single") / "run"
+  _mpx_run(out, 1)
+  return _metrics(out)
+
+
+def test_two_processes_match_one_and_resume_on_one_device(tmp_path, single):
+  two = tmp_path / "two"
+  outputs = _mpx_run(two, 2, processes=2)
+  assert "4 cpu device(s)" in outputs[0]          # One global mesh over both processes.
+  assert "summary" not in outputs[1].lower()      # Process 1 writes and prints nothing.
+  # Other device counts regroup the vmapped members: float32 differences in the last bits.
+  _assert_same(_metrics(two), single, rtol=1e-5)
+  records = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]
+  assert sorted({r["step"] for r in records}) == [0, 48, 96]
+  assert len(records) == 3 * 6                    # Every member once per evaluation.
+
+  # Drop the last checkpoint: `--resume` continues from step 80 of the 2-process run on
+  # ONE device (6 members, no padding, instead of 8 rows over 4 devices).
+  group_dir = next((two / "checkpoints").iterdir())
+  shutil.rmtree(group_dir / "96")
+  _mpx_run(two, 1, "--resume")
+  records = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records].count(96) == 6 and len(records) == 3 * 6
+  _assert_same(_metrics(two), single, rtol=1e-5)
+
+
+def _slurm_job_id() -> int:
+  """A job id whose coordinator port (JAX: 61440 + id mod 4096) is free here."""
+  for job_id in range(4096):
+    with socket.socket() as s:
+      try:
+        s.bind(("localhost", 61440 + job_id))
+        return job_id
+      except OSError:
+        continue
+  raise RuntimeError("no free port in 61440..65535")
+
+
+def test_sigterm_to_one_process_of_a_slurm_job_checkpoints_both(tmp_path):
+  """The SLURM route (JAX detects the cluster from the SLURM_* variables srun sets) and a
+  SIGTERM that only process 1 sees: both processes save the same step and exit 143 (no
+  deadlock in the collective save)."""
+  out = tmp_path / "run"
+  job_id = _slurm_job_id()
+  command = [sys.executable, "-m", "mpx.cli", "run", "boolean_gotu", "--preset", "tiny",
+             "--out", str(out), *TINY]
+  procs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env=_env(2, MPX_DISTRIBUTED="1", SLURM_JOB_ID=str(job_id),
+                                     SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="2",
+                                     SLURM_PROCID=str(i), SLURM_LOCALID="0"))
+           for i in range(2)]
+  for line in procs[0].stdout:  # Process 0's first progress line: training has started.
+    if re.search(r"\] \d+/96 ", line):
+      break
+  procs[1].send_signal(signal.SIGTERM)
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [143, 143], outputs
+  assert "SIGTERM: saved group 2parity at step" in outputs[1]
+  steps = [int(d.name) for d in next((out / "checkpoints").iterdir()).iterdir()
+           if d.name.isdigit()]
+  assert max(steps) < 96, steps  # (Resuming on other devices: the test above.)
+
+
+def test_half_given_cluster_variables_are_refused(monkeypatch):
+  from mpx.sweep import distributed
+  monkeypatch.setenv("MPX_COORDINATOR", "localhost:1234")
+  monkeypatch.delenv("MPX_NUM_PROCESSES", raising=False)
+  monkeypatch.delenv("MPX_PROCESS_ID", raising=False)
+  with pytest.raises(ValueError, match="MPX_NUM_PROCESSES, MPX_PROCESS_ID not"):
+    distributed.initialize()
