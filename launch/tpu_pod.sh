@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A Cloud TPU VM slice for `mpx run ... --distributed`: create it, install mpx on every worker,
-# run on all workers at once, copy the run directory back, delete it.
+# run on all workers at once (the run directory in a bucket, mounted on every worker with
+# Cloud Storage FUSE), copy the run directory back, delete it.
 #
 #   export TPU_NAME=mpx-v4-32 ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 PROJECT=my-project \
 #          MPX_OUT=gs://my-bucket/mpx/boolean_paper
@@ -16,14 +17,18 @@ usage: bash launch/tpu_pod.sh [--dry-run] [--quiet] SUBCOMMAND [-- EXPERIMENT [M
 
 subcommands (each is one step; `all` never deletes):
   create    gcloud compute tpus tpu-vm create TPU_NAME (ACCELERATOR_TYPE, TPU_VERSION)
-  install   on every worker: a Python 3.12 venv ~/mpx-venv (made with uv: the TPU images
-            have Python 3.10, mpx needs 3.11+) with "jax[tpu]" and mpx. mpx comes from this
-            checkout, copied to the workers as a tarball (uncommitted changes included), or,
-            when MPX_REPO is set, from `pip install git+$MPX_REPO` on each worker
-  run       on every worker at once:
-            ~/mpx-venv/bin/mpx run EXPERIMENT [ARGS...] --distributed --out $MPX_OUT
-            (JAX finds the slice's workers itself; process 0 writes to MPX_OUT)
-  fetch     gcloud storage cp --recursive $MPX_OUT $MPX_FETCH_DIR/
+  install   on every worker: gcsfuse (Cloud Storage FUSE, from its apt repository; skipped
+            where it is installed) and a Python 3.12 venv ~/mpx-venv (made with uv: the TPU
+            images have Python 3.10, mpx needs 3.11+) with "jax[tpu]" and mpx. mpx comes from
+            this checkout, copied to the workers as a tarball (uncommitted changes included),
+            or, when MPX_REPO is set, from `pip install git+$MPX_REPO` on each worker
+  run       on every worker at once: mount the bucket of MPX_OUT=gs://BUCKET/PATH at
+            /mnt/gcs/BUCKET (gcsfuse; skipped where it is mounted), then
+            ~/mpx-venv/bin/mpx run EXPERIMENT [ARGS...] --distributed --out /mnt/gcs/BUCKET/PATH
+            (mpx writes its run directory through the filesystem, so every worker must see
+            the same directory: the mount gives them the bucket's; JAX finds the slice's
+            workers itself; process 0 writes every file)
+  fetch     gcloud storage cp --recursive gs://BUCKET/PATH $MPX_FETCH_DIR/ (from this machine)
   delete    gcloud compute tpus tpu-vm delete TPU_NAME (gcloud asks to confirm; --quiet
             does not ask)
   all       create, install, run, fetch
@@ -38,8 +43,9 @@ environment (required where a subcommand needs it):
   ZONE              zone with that accelerator type, e.g. ZONE=us-central2-b
   ACCELERATOR_TYPE  (create) e.g. ACCELERATOR_TYPE=v4-32 (16 chips on 4 workers)
   PROJECT           e.g. PROJECT=my-project (default: gcloud config get-value project)
-  MPX_OUT           (run, fetch) the run directory in a bucket every worker can write,
-                    e.g. MPX_OUT=gs://my-bucket/mpx/boolean_paper
+  MPX_OUT           (run, fetch) the run directory in a bucket the workers can write,
+                    gs://BUCKET/PATH, e.g. MPX_OUT=gs://my-bucket/mpx/boolean_paper (the
+                    workers see it as /mnt/gcs/my-bucket/mpx/boolean_paper)
 optional:
   TPU_VERSION       the TPU software version (default from ACCELERATOR_TYPE: v4 and older
                     tpu-ubuntu2204-base, v5e v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5, v6e
@@ -50,7 +56,9 @@ optional:
                     checkout, e.g. MPX_REPO=https://github.com/you/mpx.git@main
   MPX_EXTRAS        extras of mpx to install, e.g. MPX_EXTRAS=vision (for TFDS datasets)
   MPX_FETCH_DIR     (fetch) local directory to copy the run into (default: runs)
-  TFDS_DATA_DIR     (run) passed on to every worker, e.g. TFDS_DATA_DIR=gs://my-bucket/tfds
+  TFDS_DATA_DIR     (run) passed on to every worker; a dataset in MPX_OUT's bucket is under
+                    its mount, e.g. TFDS_DATA_DIR=/mnt/gcs/my-bucket/tensorflow_datasets
+                    (TFDS without TensorFlow cannot open gs:// itself)
 
 examples:
   bash launch/tpu_pod.sh --dry-run all -- boolean_gotu --preset paper
@@ -137,7 +145,7 @@ example() {
     ZONE) echo "a zone with that accelerator type, e.g. export ZONE=us-central2-b" ;;
     ACCELERATOR_TYPE) echo "the slice type, e.g. export ACCELERATOR_TYPE=v4-32" ;;
     PROJECT) echo "the Google Cloud project, e.g. export PROJECT=my-project (or gcloud config set project my-project)" ;;
-    MPX_OUT) echo "the run directory in a bucket, e.g. export MPX_OUT=gs://my-bucket/mpx/boolean_paper" ;;
+    MPX_OUT) echo "the run directory in a bucket, gs://BUCKET/PATH, e.g. export MPX_OUT=gs://my-bucket/mpx/boolean_paper" ;;
   esac
 }
 missing=0
@@ -148,8 +156,12 @@ for name in TPU_NAME ZONE ACCELERATOR_TYPE PROJECT MPX_OUT; do
   fi
 done
 ((missing == 0)) || exit 2
-if needs MPX_OUT && [[ $MPX_OUT != gs://?* ]]; then
-  die "MPX_OUT must be a gs:// directory that every worker can write, e.g. export MPX_OUT=gs://my-bucket/mpx/boolean_paper; got '$MPX_OUT'"
+# MPX_OUT=gs://BUCKET/PATH: the workers mount BUCKET at /mnt/gcs/BUCKET and write to PATH in it.
+gs_out='^gs://([^/]+)/+(.*[^/])/*$'
+if needs MPX_OUT; then
+  [[ $MPX_OUT =~ $gs_out ]] || die "MPX_OUT must be a directory in a bucket, gs://BUCKET/PATH, e.g. export MPX_OUT=gs://my-bucket/mpx/boolean_paper; got '$MPX_OUT'"
+  bucket=${BASH_REMATCH[1]} out_path=${BASH_REMATCH[2]}
+  mount_dir=/mnt/gcs/$bucket
 fi
 if needs ACCELERATOR_TYPE && [[ -z ${TPU_VERSION:-} ]]; then
   case $ACCELERATOR_TYPE in
@@ -200,7 +212,16 @@ step_install() {
       --exclude=.pytest_cache -C "$repo" .
     do_cmd "${tpu_vm[@]}" scp "$tarball" "$TPU_NAME:mpx-src.tar.gz" --worker=all "${location[@]}"
   fi
+  # gcsfuse from Google's apt repository (the TPU images are Ubuntu), unless it is installed.
+  # The lock timeout: a fresh VM may still be running its own apt (unattended-upgrades).
+  local key=/usr/share/keyrings/cloud.google.asc apt='sudo apt-get -o DPkg::Lock::Timeout=300'
+  local gcsfuse="if ! command -v gcsfuse >/dev/null; then"
+  gcsfuse+=" echo \"deb [signed-by=$key] https://packages.cloud.google.com/apt"
+  gcsfuse+=" gcsfuse-\$(lsb_release -c -s) main\" | sudo tee /etc/apt/sources.list.d/gcsfuse.list"
+  gcsfuse+=" >/dev/null; curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg"
+  gcsfuse+=" | sudo tee $key >/dev/null; $apt update -qq; $apt install -y -qq gcsfuse; fi"
   local script=(
+    "$gcsfuse"
     'python3 -m pip install --quiet --user --upgrade uv'
     'rm -rf ~/mpx-venv'
     '~/.local/bin/uv venv --quiet --python 3.12 ~/mpx-venv'
@@ -215,17 +236,27 @@ step_install() {
   do_cmd "${tpu_vm[@]}" ssh "$TPU_NAME" "${location[@]}" --worker=all --command "$joined"
 }
 
+# mpx writes its run directory with plain filesystem calls, so the bucket is mounted on every
+# worker (Cloud Storage FUSE) and the run goes to the mount. --rename-dir-limit: Orbax renames
+# a finished checkpoint's temporary directory, which gcsfuse refuses on a flat bucket without
+# it (a bucket with hierarchical namespace renames folders natively).
 # shellcheck disable=SC2088
 step_run() {  # (quote leaves a word that starts with ~/ unquoted, for the worker's shell)
-  local command=("~/mpx-venv/bin/mpx" run "$@" --distributed --out "$MPX_OUT")
+  local command=("~/mpx-venv/bin/mpx" run "$@" --distributed --out "$mount_dir/$out_path")
   [[ -z ${TFDS_DATA_DIR:-} ]] || command=(env "TFDS_DATA_DIR=$TFDS_DATA_DIR" "${command[@]}")
-  do_cmd "${tpu_vm[@]}" ssh "$TPU_NAME" "${location[@]}" --worker=all --command "$(quote "${command[@]}")"
+  # shellcheck disable=SC2016 # (the worker's shell expands it)
+  local dir owner='"$(id -u):$(id -g)"'
+  dir=$(quote "$mount_dir")
+  local mount="if ! mountpoint -q $dir; then sudo mkdir -p $dir; sudo chown $owner $dir;"
+  mount+=" gcsfuse --implicit-dirs --rename-dir-limit=100000 $(quote "$bucket") $dir; fi"
+  do_cmd "${tpu_vm[@]}" ssh "$TPU_NAME" "${location[@]}" --worker=all \
+    --command "set -e; $mount; $(quote "${command[@]}")"
 }
 
 step_fetch() {
   local into=${MPX_FETCH_DIR:-runs}
   do_cmd mkdir -p "$into"
-  do_cmd gcloud storage cp --recursive "$MPX_OUT" "$into/"
+  do_cmd gcloud storage cp --recursive "gs://$bucket/$out_path" "$into/"
 }
 
 step_delete() {

@@ -5,6 +5,7 @@
 
 import os
 import pathlib
+import shlex
 import shutil
 import signal
 import subprocess
@@ -81,8 +82,23 @@ def test_scripts_are_strict_bash_with_help(tmp_path, name):
 # --- tpu_pod.sh -------------------------------------------------------------------------------
 
 _LOC = "--zone=us-central2-b --project=my-project"
+# gcsfuse from its apt repository, skipped where it is installed.
+_GCSFUSE = (
+    "if ! command -v gcsfuse >/dev/null; then "
+    'echo "deb [signed-by=/usr/share/keyrings/cloud.google.asc] '
+    'https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -c -s) main" '
+    "| sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null; "
+    "curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg "
+    "| sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null; "
+    "sudo apt-get -o DPkg::Lock::Timeout=300 update -qq; "
+    "sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq gcsfuse; fi")
+# MPX_OUT's bucket mounted on every worker (mpx writes its run folder through the filesystem).
+_MOUNT = ("if ! mountpoint -q /mnt/gcs/my-bucket; then sudo mkdir -p /mnt/gcs/my-bucket; "
+          'sudo chown "$(id -u):$(id -g)" /mnt/gcs/my-bucket; '
+          "gcsfuse --implicit-dirs --rename-dir-limit=100000 my-bucket /mnt/gcs/my-bucket; fi")
 _INSTALL = (
     "set -e; rm -rf ~/mpx-src && mkdir ~/mpx-src && tar -xzf ~/mpx-src.tar.gz -C ~/mpx-src; "
+    f"{_GCSFUSE}; "
     "python3 -m pip install --quiet --user --upgrade uv; rm -rf ~/mpx-venv; "
     "~/.local/bin/uv venv --quiet --python 3.12 ~/mpx-venv; "
     '~/.local/bin/uv pip install --quiet --python ~/mpx-venv/bin/python "jax[tpu]" "$HOME/mpx-src"; '
@@ -99,8 +115,8 @@ TPU_ALL = [
     f"mpx-v4-32:mpx-src.tar.gz --worker=all {_LOC}",
     f"gcloud compute tpus tpu-vm ssh mpx-v4-32 {_LOC} --worker=all --command '{_INSTALL}'",
     f"gcloud compute tpus tpu-vm ssh mpx-v4-32 {_LOC} --worker=all --command "
-    "'~/mpx-venv/bin/mpx run boolean_gotu --preset paper --distributed "
-    "--out gs://my-bucket/mpx/boolean_paper'",
+    f"'set -e; {_MOUNT}; ~/mpx-venv/bin/mpx run boolean_gotu --preset paper --distributed "
+    "--out /mnt/gcs/my-bucket/mpx/boolean_paper'",
     "mkdir -p runs",
     "gcloud storage cp --recursive gs://my-bucket/mpx/boolean_paper runs/",
 ]
@@ -111,23 +127,94 @@ def test_tpu_pod_dry_run_all_prints_every_command(tmp_path):
                    env=_env(tmp_path, **TPU_VARS))
   assert result.returncode == 0, result.stderr
   assert result.stdout.splitlines() == TPU_ALL
+  # Spelled out: install adds gcsfuse; the run mounts the bucket, then writes to the mount,
+  # never to gs:// (mpx refuses a URL as --out).
+  install, run = (shlex.split(line)[-1] for line in result.stdout.splitlines()[4:6])
+  assert f"; {_GCSFUSE}; " in install
+  assert run.startswith("set -e; if ! mountpoint -q /mnt/gcs/my-bucket; then ")
+  assert "gcsfuse --implicit-dirs --rename-dir-limit=100000 my-bucket /mnt/gcs/my-bucket" in run
+  assert run.endswith(" --out /mnt/gcs/my-bucket/mpx/boolean_paper") and "gs://" not in run
 
 
 def test_tpu_pod_dry_run_options(tmp_path):
-  """MPX_REPO installs from git instead of copying the checkout; extras, Spot, TFDS_DATA_DIR
-  and quoting reach the commands."""
-  env = _env(tmp_path, **{**TPU_VARS, "ACCELERATOR_TYPE": "v5p-16"},
+  """MPX_REPO installs from git instead of copying the checkout; extras, Spot, TFDS_DATA_DIR,
+  an MPX_OUT with a space and a trailing slash, and quoting reach the commands."""
+  env = _env(tmp_path, **{**TPU_VARS, "ACCELERATOR_TYPE": "v5p-16",
+                          "MPX_OUT": "gs://my-bucket/mpx/my run/"},
              MPX_REPO="https://x.org/mpx.git", MPX_EXTRAS="vision", TPU_SPOT="1",
-             TFDS_DATA_DIR="gs://my-bucket/tfds")
+             TFDS_DATA_DIR="/mnt/gcs/my-bucket/tensorflow_datasets")
   result = _script("tpu_pod.sh", "all", "--dry-run", "--", "vision", "--set", "a=b c", env=env)
   assert result.returncode == 0, result.stderr
   lines = result.stdout.splitlines()
   assert lines[0].endswith("--accelerator-type=v5p-16 --version=v2-alpha-tpuv5 --spot")
   assert not any("scp" in line or line.startswith("tar ") for line in lines)
   assert '"jax[tpu]" "mpx[vision] @ git+https://x.org/mpx.git"' in lines[1]
-  assert lines[2].endswith(
-      "--command 'env TFDS_DATA_DIR=gs://my-bucket/tfds ~/mpx-venv/bin/mpx run vision "
-      "--set '\\''a=b c'\\'' --distributed --out gs://my-bucket/mpx/boolean_paper'")
+  assert shlex.split(lines[1])[-1].startswith(f"set -e; {_GCSFUSE}; python3 ")
+  assert shlex.split(lines[2])[-1] == (
+      f"set -e; {_MOUNT}; env TFDS_DATA_DIR=/mnt/gcs/my-bucket/tensorflow_datasets "
+      "~/mpx-venv/bin/mpx run vision --set 'a=b c' --distributed "
+      "--out '/mnt/gcs/my-bucket/mpx/my run'")
+  assert lines[-1] == "gcloud storage cp --recursive 'gs://my-bucket/mpx/my run' runs/"
+
+
+def _stub(path, body, log):
+  """An executable that appends its name and arguments to `log`, then runs `body`."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(f'#!/bin/sh\necho "$(basename "$0") $*" >> "{log}"\n{body}\n')
+  path.chmod(0o755)
+
+
+def test_tpu_pod_worker_commands_install_mount_and_run(tmp_path):
+  """The workers' commands (install and run, as --dry-run prints them), run by bash with stubs
+  for sudo, curl, gcsfuse, mountpoint, uv and mpx: gcsfuse is installed only where it is
+  missing, the bucket mounted only where it is not, and mpx does not start without it."""
+  env = _env(tmp_path, **TPU_VARS, MPX_REPO="https://x.org/mpx.git")
+  commands = []
+  for args in (["install"], ["run", "--", "boolean_gotu", "--preset", "paper"]):
+    result = _script("tpu_pod.sh", "--dry-run", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    commands.append(shlex.split(result.stdout.splitlines()[-1])[-1])
+  install, run = commands
+  home, log, tools = tmp_path / "home", tmp_path / "log", tmp_path / "tools"
+  with_gcsfuse = tmp_path / "gcsfuse-bin"  # on PATH: gcsfuse is installed
+  for name in ("curl", "lsb_release", "python3"):
+    _stub(tools / name, "", log)
+  _stub(tools / "sudo", '[ "$1" != tee ] || cat >/dev/null', log)
+  _stub(tools / "mountpoint", f'[ -e "{tmp_path}/mounted" ]', log)
+  _stub(with_gcsfuse / "gcsfuse", f'[ ! -e "{tmp_path}/fail" ] && touch "{tmp_path}/mounted"', log)
+  system = tmp_path / "system"  # the few real tools used, without a real gcsfuse or sudo
+  system.mkdir()
+  for name in ("basename", "cat", "cp", "id", "mkdir", "rm", "touch"):
+    (system / name).symlink_to(shutil.which(name))
+  venv = home / "mpx-venv" / "bin"
+  _stub(home / ".local" / "bin" / "uv",
+        f'[ "$1" != venv ] || {{ mkdir -p "{venv}"; cp "{tools}/python3" "{venv}/python"; '
+        f'cp "{tools}/python3" "{venv}/mpx"; }}', log)
+
+  def worker(command, *path):  # exit status, and the stubs called (name, first argument)
+    log.write_text("")
+    env = {"PATH": os.pathsep.join(map(str, [*path, system])), "HOME": str(home)}
+    done = subprocess.run([shutil.which("bash"), "-c", command], env=env, capture_output=True,
+                          text=True)
+    assert "command not found" not in done.stderr, done.stderr
+    return done.returncode, [tuple(line.split()[:2]) for line in log.read_text().splitlines()]
+
+  rc, calls = worker(install, tools)  # no gcsfuse yet: from apt
+  assert rc == 0 and ("sudo", "apt-get") in calls and ("uv", "pip") in calls, calls
+  rc, calls = worker(install, tools, with_gcsfuse)
+  assert rc == 0 and ("sudo", "apt-get") not in calls and ("uv", "pip") in calls, calls
+  rc, calls = worker(run, tools, with_gcsfuse)  # mounts, then runs
+  assert rc == 0 and calls == [("mountpoint", "-q"), ("sudo", "mkdir"), ("sudo", "chown"),
+                               ("gcsfuse", "--implicit-dirs"), ("mpx", "run")], calls
+  assert log.read_text().splitlines()[-1] == (
+      "mpx run boolean_gotu --preset paper --distributed "
+      "--out /mnt/gcs/my-bucket/mpx/boolean_paper")
+  rc, calls = worker(run, tools, with_gcsfuse)  # mounted already: straight to mpx
+  assert rc == 0 and calls == [("mountpoint", "-q"), ("mpx", "run")], calls
+  (tmp_path / "mounted").unlink()
+  (tmp_path / "fail").touch()
+  rc, calls = worker(run, tools, with_gcsfuse)  # the mount fails: mpx never starts
+  assert rc != 0 and calls[-1] == ("gcsfuse", "--implicit-dirs"), calls
 
 
 @pytest.mark.parametrize("subcommand", ["create", "install", "run", "delete", "all"])
@@ -142,9 +229,11 @@ def test_tpu_pod_needs_tpu_name(tmp_path, subcommand):
 
 
 def test_tpu_pod_names_other_missing_variables(tmp_path):
-  env = _env(tmp_path, **{**TPU_VARS, "MPX_OUT": "/local/runs/x"})
-  result = _script("tpu_pod.sh", "--dry-run", "run", "--", "boolean_gotu", env=env)
-  assert result.returncode != 0 and "gs://" in result.stderr and result.stdout == ""
+  for out in ("/local/runs/x", "gs://my-bucket", "gs://my-bucket/", "gs:///x"):
+    env = _env(tmp_path, **{**TPU_VARS, "MPX_OUT": out})  # gs://BUCKET/PATH, PATH not empty
+    result = _script("tpu_pod.sh", "--dry-run", "run", "--", "boolean_gotu", env=env)
+    assert result.returncode != 0 and "gs://BUCKET/PATH" in result.stderr, out
+    assert result.stdout == "", out
   env = _env(tmp_path, **TPU_VARS)
   del env["PROJECT"]  # and gcloud has no default project (CLOUDSDK_CONFIG is empty)
   result = _script("tpu_pod.sh", "--dry-run", "delete", env=env)

@@ -171,7 +171,8 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
           if evaluate_now:
             metrics = evaluate(state)
             writer.write(_records(group, state, step, train, metrics))
-          if save:
+            preempted = distributed.any_process(sigterm.raised)  # One during the evaluation.
+          if save or preempted:
             ckpt.save(step, state, saved_config)
           if preempted and step < group.steps:
             raise Preempted(f"SIGTERM: saved group {group.name} at step {step}.")
@@ -308,6 +309,10 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   if not str(out_dir).strip():
     raise ValueError("--out is empty; give a run folder, or leave --out out for "
                      f"runs/{experiment.NAME}-{preset}.")
+  if "://" in str(out_dir):
+    raise ValueError(f"--out {out_dir}: URL run folders are not supported (mpx writes the "
+                     "folder through the filesystem); mount the bucket on every host (e.g. "
+                     "gcsfuse --implicit-dirs BUCKET /mnt/bucket) and pass the mount path.")
   run_dir = pathlib.Path(out_dir)
   saved_config = {"experiment": experiment.NAME, "preset": preset,
                   "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
