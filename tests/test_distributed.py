@@ -1,13 +1,13 @@
 """Many processes give the single-device sweep: two real processes on localhost joined by
-jax.distributed (CPU, gloo collectives, 2 devices each, 6 members on 4 devices), whose
-checkpoint then resumes in one process on one device; a SIGTERM one process sees
-checkpoints both. (8 devices in one process: tests/test_sweep_engine.py.)"""
+jax.distributed (CPU, gloo collectives, 2 devices each, 6 members on 4 devices) end where
+one process on one device ends; a SIGTERM only one process of a SLURM-detected job sees
+checkpoints both, and that checkpoint resumes in one process on one device. (8 devices in
+one process: tests/test_sweep_engine.py.)"""
 
 import json
 import os
 import pathlib
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -85,7 +85,7 @@ def single(tmp_path_factory):
   return _metrics(out)
 
 
-def test_two_processes_match_one_and_resume_on_one_device(tmp_path, single):
+def test_two_processes_match_one(tmp_path, single):
   two = tmp_path / "two"
   outputs = _mpx_run(two, 2, processes=2)
   assert "4 cpu device(s)" in outputs[0]          # One global mesh over both processes.
@@ -95,15 +95,6 @@ def test_two_processes_match_one_and_resume_on_one_device(tmp_path, single):
   records = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]
   assert sorted({r["step"] for r in records}) == [0, 48, 96]
   assert len(records) == 3 * 6                    # Every member once per evaluation.
-
-  # Drop the last checkpoint: `--resume` continues from step 80 of the 2-process run on
-  # ONE device (6 members, no padding, instead of 8 rows over 4 devices).
-  group_dir = next((two / "checkpoints").iterdir())
-  shutil.rmtree(group_dir / "96")
-  _mpx_run(two, 1, "--resume")
-  records = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in records].count(96) == 6 and len(records) == 3 * 6
-  _assert_same(_metrics(two), single, rtol=1e-5)
 
 
 def _slurm_job_id() -> int:
@@ -118,10 +109,11 @@ def _slurm_job_id() -> int:
   raise RuntimeError("no free port in 61440..65535")
 
 
-def test_sigterm_to_one_process_of_a_slurm_job_checkpoints_both(tmp_path):
+def test_sigterm_to_one_process_of_a_slurm_job_then_resume_on_one_device(tmp_path, single):
   """The SLURM route (JAX detects the cluster from the SLURM_* variables srun sets) and a
   SIGTERM that only process 1 sees: both processes save the same step and exit 143 (no
-  deadlock in the collective save)."""
+  deadlock in the collective save); `--resume` then continues that checkpoint of 8 rows
+  on 4 devices in ONE process on one device (6 rows) and ends where the single run does."""
   out = tmp_path / "run"
   job_id = _slurm_job_id()
   command = [sys.executable, "-m", "mpx.cli", "run", "boolean_gotu", "--preset", "tiny",
@@ -141,7 +133,11 @@ def test_sigterm_to_one_process_of_a_slurm_job_checkpoints_both(tmp_path):
   assert "SIGTERM: saved group 2parity at step" in outputs[1]
   steps = [int(d.name) for d in next((out / "checkpoints").iterdir()).iterdir()
            if d.name.isdigit()]
-  assert max(steps) < 96, steps  # (Resuming on other devices: the test above.)
+  assert max(steps) < 96, steps
+  _mpx_run(out, 1, "--resume")
+  records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records].count(96) == 6
+  _assert_same(_metrics(out), single, rtol=1e-5)
 
 
 def test_half_given_cluster_variables_are_refused(monkeypatch):
