@@ -387,3 +387,14 @@ def alibi_prior(n_tokens: int, num_heads: int) -> jax.Array:
   distance = np.arange(n_tokens)[:, None] - np.arange(n_tokens)[None, :]
   bias = -alibi_slopes(num_heads)[:, None, None] * np.maximum(distance, 0)[None]
   return bias_to_logits(bias)
+
+
+def alibi_init(key, shape, dtype=jnp.float32):
+  """Flax initializer of the ALiBi prior for an `[H, N, N]` mask leaf (N from the shape)."""
+  del key
+  if len(shape) != 3 or shape[1] != shape[2]:
+    raise ValueError(f"the ALiBi prior is per head, [H, N, N]; the mask leaf is {tuple(shape)} "
+                     "(set per_head_mask=True).")
+  with jax.ensure_compile_time_eval():  # A constant, also when init is jitted.
+    return alibi_prior(shape[1], shape[0]).astype(dtype)
+

@@ -19,6 +19,14 @@ except `mask`):
            of every layer by QK-SVD / QK-Opt on LayerNorm(positions); a learned
            `pos_embed` is scaled ×18 as above, fixed sin-cos positions are not (the fit
            holds on that pseudo-input; on real images much less of it survives).
+The causal decoder (`apply_language_scheme`, the language family; the prior is ALiBi's
+causal distance bias `priors.alibi_prior` in every layer):
+  default:    learned absolute positions, neutral mask.
+  alibi:      ALiBi as a fixed bias: the prior, frozen, and no absolute positions.
+  mask:       the prior, learnable, with learned absolute positions.
+  mask_nopos: the prior, learnable, and no absolute positions.
+"No absolute positions" zeroes `pos_embed`; the member freezes it
+(`position_lr_multiplier = 0`), so all four keep one param tree.
 Schemes without a mask prior should train with `mask_lr_multiplier = 0` so the neutral
 mask stays frozen.
 """
@@ -34,6 +42,7 @@ from mpx.nn import vit as vit_lib
 
 SCHEMES = ("default", "mask", "qk_svd", "qk_opt")
 VISION_SCHEMES = ("default", "mimetic", "impulse_svd", "impulse_opt", "mask")
+LANGUAGE_SCHEMES = ("default", "alibi", "mask", "mask_nopos")
 
 
 def _fit_prior(mask_logits, leaf, path):
@@ -184,3 +193,25 @@ def _as_kernel(w, leaf, layer: str, sub: str):
                      f"{sub}/kernel is {leaf.shape}.")
   return w.reshape(leaf.shape)
 
+
+def language_scheme_trains(scheme: str) -> dict[str, bool]:
+  """What a language scheme trains: {"mask": learnable prior, "positions": pos_embed}."""
+  if scheme not in LANGUAGE_SCHEMES:
+    raise ValueError(f"unknown scheme {scheme!r}; choose one of {LANGUAGE_SCHEMES}.")
+  return {"mask": scheme.startswith("mask"), "positions": scheme in ("default", "mask")}
+
+
+def apply_language_scheme(scheme: str, params, num_heads: int):
+  """The decoder's `params` (learned positions, per-head masks) initialised by `scheme`
+  (`LANGUAGE_SCHEMES`); train them with the multipliers `language_scheme_trains` gives."""
+  trains = language_scheme_trains(scheme)
+  if "pos_embed" not in params:
+    raise ValueError("the language schemes need a decoder with positions='learned' (the "
+                     "no-position schemes zero and freeze its pos_embed).")
+  n_tokens = params["pos_embed"].shape[0]
+  prior = (priors.neutral(n_tokens) if scheme == "default"
+           else priors.alibi_prior(n_tokens, num_heads))
+  params = set_masks(params, prior)
+  if not trains["positions"]:
+    params = dict(params, pos_embed=jnp.zeros_like(params["pos_embed"]))
+  return params

@@ -13,28 +13,43 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from mpx import priors
 from mpx.nn.transformer import TokenTransformer
+
+DECODER_POSITIONS = ("learned", "none", "alibi")
 
 
 def causal_decoder(vocab_size: int, *, width: int = 128, depth: int = 2, num_heads: int = 4,
                    head_dim: int | None = None, mlp_dim: int | None = None,
+                   positions: str = "learned", tie_embeddings: bool = False,
                    init_style: str = "flax", **kwargs) -> TokenTransformer:
   """Token ids `[B, N]` → next-token logits `[B, N, V]`: the `TokenTransformer` with no
   CLS token, a per-token readout over the vocabulary and causal attention.
 
-  Token embedding + learned position embedding, `depth` pre-LN blocks, a final LayerNorm
-  and an untied vocabulary head. N is fixed by the params (the position embedding and the
-  mask are `[N, ...]`): apply it to inputs of the length it was initialised with.
-  head_dim defaults to width // num_heads and mlp_dim to 4 · width (GPT); init_style
-  "flax" is GPT-like (N(0, 0.02) embeddings, lecun normal). Other keyword arguments
-  (mask_layers, per_head_mask, mask_init, learnable_mask, implementation) go to
-  `TokenTransformer`.
+  Token embedding, `depth` pre-LN blocks, a final LayerNorm and a vocabulary head (the
+  embedding transposed with `tie_embeddings`). positions: "learned" absolute embeddings,
+  "none", or "alibi": no absolute positions and the ALiBi bias as a *frozen* mask prior in
+  every layer (`priors.alibi_prior`; a learnable ALiBi-initialised prior is
+  `positions="none", mask_init=priors.alibi_init`). N is fixed by the params (the
+  position embedding and the mask are `[N, ...]`): apply it to inputs of the length it
+  was initialised with. head_dim defaults to width // num_heads and mlp_dim to 4 · width
+  (GPT); init_style "flax" is GPT-like (N(0, 0.02) embeddings, lecun normal). Other
+  keyword arguments (mask_layers, per_head_mask, mask_init, learnable_mask, dtype,
+  implementation) go to `TokenTransformer`.
   """
+  if positions not in DECODER_POSITIONS:
+    raise ValueError(f"positions={positions!r}; choose one of {DECODER_POSITIONS}.")
+  if positions == "alibi":
+    if "mask_init" in kwargs or kwargs.get("learnable_mask"):
+      raise ValueError("positions='alibi' fixes the mask to ALiBi; for a learnable prior "
+                       "use positions='none' with mask_init=priors.alibi_init.")
+    kwargs.update(mask_init=priors.alibi_init, learnable_mask=False, per_head_mask=True)
+    positions = "none"
   return TokenTransformer(
       vocab_size=vocab_size, width=width, depth=depth, num_heads=num_heads,
       head_dim=head_dim or width // num_heads, mlp_dim=mlp_dim or 4 * width,
       out_features=vocab_size, cls_token=False, readout="tokens", causal=True,
-      init_style=init_style, **kwargs)
+      positions=positions, tie_embeddings=tie_embeddings, init_style=init_style, **kwargs)
 
 
 def greedy_decode(apply_fn: Callable[[object, jax.Array], jax.Array], params,

@@ -20,6 +20,7 @@ from mpx.nn import initializers
 from mpx.nn.attention import MaskedSelfAttention
 
 READOUTS = ("cls", "tokens")
+POSITIONS = ("learned", "none")
 
 
 class Mlp(nn.Module):
@@ -98,6 +99,10 @@ class TokenTransformer(nn.Module):
     per_head_mask, mask_init, learnable_mask: see `MaskedSelfAttention`. `mask_init`
       sees the full sequence length N (CLS included).
     causal: hard causal attention (LM use).
+    positions: "learned" (a `pos_embed` param `[N, D]`) or "none" (no absolute positions:
+      order comes only from the causal mask and a prior, as with ALiBi).
+    tie_embeddings: the per-token readout is the token embedding transposed (no `head`
+      param); readout="tokens" with out_features = vocab_size only.
     dtype: compute dtype of the projection and MLP matmuls (e.g. `jnp.bfloat16` on GPU);
       None = float32. Params, the residual stream, LayerNorm, the attention logits and
       softmax, and the readout stay float32.
@@ -116,6 +121,8 @@ class TokenTransformer(nn.Module):
   mask_init: Callable = priors.neutral_init
   learnable_mask: bool = True
   causal: bool = False
+  positions: str = "learned"
+  tie_embeddings: bool = False
   init_style: str = "torch"
   implementation: str = "reference"
   dtype: Any = None
@@ -125,6 +132,12 @@ class TokenTransformer(nn.Module):
       raise ValueError(f"readout={self.readout!r}; choose one of {READOUTS}.")
     if self.readout == "cls" and not self.cls_token:
       raise ValueError("readout='cls' needs cls_token=True.")
+    if self.positions not in POSITIONS:
+      raise ValueError(f"positions={self.positions!r}; choose one of {POSITIONS}.")
+    if self.tie_embeddings and (self.readout != "tokens"
+                                or self.out_features != self.vocab_size):
+      raise ValueError("tie_embeddings reads tokens out through the token embedding: it "
+                       "needs readout='tokens' and out_features == vocab_size.")
     return mask_layer_set(self.mask_layers, self.depth)
 
   @nn.compact
@@ -136,16 +149,17 @@ class TokenTransformer(nn.Module):
                        "mpx.tasks.boolean.tokens).")
     embed_init = (initializers.torch_embedding if self.init_style == "torch"
                   else nn.initializers.normal(0.02))
-    x_BND = nn.Embed(self.vocab_size, self.width, embedding_init=embed_init,
-                     name="token_embed")(tokens_BN)
+    token_embed = nn.Embed(self.vocab_size, self.width, embedding_init=embed_init,
+                           name="token_embed")
+    x_BND = token_embed(tokens_BN)
     if self.cls_token:
       cls = self.param("cls", embed_init, (1, 1, self.width))
       x_BND = jnp.concatenate([jnp.broadcast_to(cls, (x_BND.shape[0], 1, self.width)),
                                x_BND], axis=1)
       if padding_mask_BN is not None:
         padding_mask_BN = jnp.pad(padding_mask_BN, ((0, 0), (1, 0)), constant_values=True)
-    n_tokens = x_BND.shape[1]
-    x_BND = x_BND + self.param("pos_embed", embed_init, (n_tokens, self.width))
+    if self.positions == "learned":
+      x_BND = x_BND + self.param("pos_embed", embed_init, (x_BND.shape[1], self.width))
 
     for i in range(self.depth):
       make_attention = functools.partial(
@@ -160,5 +174,7 @@ class TokenTransformer(nn.Module):
     x_BND = _layer_norm("final_norm")(x_BND)
     if self.readout == "cls":
       x_BND = x_BND[:, 0]
+    if self.tie_embeddings:
+      return token_embed.attend(x_BND)
     return nn.Dense(self.out_features, name="head",
                     **initializers.dense_inits(self.init_style, self.width))(x_BND)

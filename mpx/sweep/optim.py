@@ -19,6 +19,10 @@ from mpx import attention
 OPTIMIZERS = ("adam_l2", "adamw")
 SCHEDULES = ("constant", "warmup_cosine")
 HPARAMS = ("learning_rate", "weight_decay", "mask_lr_multiplier")
+# Optional: a family that freezes absolute positions for some members (language's
+# `mask_nopos`, `alibi`) gives every member this factor on the `pos_embed` leaf.
+POSITION_MULTIPLIER = "position_lr_multiplier"
+POSITION_LEAF = "pos_embed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +32,8 @@ class OptimConfig:
   adam_l2: Adam with coupled L2 (`g + wd·θ` before the moments), PyTorch's
     `Adam(weight_decay=…)`, which the GOTU code uses. adamw: decoupled decay.
   Per-member values live in hparams: `learning_rate`, `weight_decay` and
-  `mask_lr_multiplier` (the mask's learning rate relative to the rest; 0 freezes it).
+  `mask_lr_multiplier` (the mask's learning rate relative to the rest; 0 freezes it);
+  optionally `position_lr_multiplier`, the same for the `pos_embed` leaf.
   The mask never gets weight decay: decay would pull the prior towards M = 0.
   """
   optimizer: str = "adam_l2"
@@ -64,12 +69,16 @@ def is_mask_tree(params) -> "PyTree[bool]":
       lambda path, _: attention.is_mask_path(path), params)
 
 
-def _scale_mask_updates(multiplier) -> optax.GradientTransformation:
+def is_position_path(path) -> bool:
+  return getattr(path[-1], "key", None) == POSITION_LEAF
+
+
+def _scale_group_updates(multiplier, in_group) -> optax.GradientTransformation:
+  """Multiplies the updates of the leaves whose path is `in_group` by `multiplier`."""
   def update(updates, state, params=None):
     del params
-    mask = is_mask_tree(updates)
-    return jax.tree_util.tree_map(lambda u, m: u * multiplier if m else u, updates,
-                                  mask), state
+    return jax.tree_util.tree_map_with_path(
+        lambda path, u: u * multiplier if in_group(path) else u, updates), state
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 
 
@@ -99,7 +108,9 @@ def make_optimizer(config: OptimConfig,
   if config.optimizer == "adamw":
     parts.append(decay)
   parts.append(optax.scale_by_schedule(lambda count: -lr * shape(count)))
-  parts.append(_scale_mask_updates(hparams["mask_lr_multiplier"]))
+  parts.append(_scale_group_updates(hparams["mask_lr_multiplier"], attention.is_mask_path))
+  if POSITION_MULTIPLIER in hparams:  # 0 freezes the position embedding (and its decay).
+    parts.append(_scale_group_updates(hparams[POSITION_MULTIPLIER], is_position_path))
   return optax.chain(*parts)
 
 

@@ -287,6 +287,17 @@ def persistence_table(run_dir: pathlib.Path, members: list[dict]) -> str | None:
           "its initial value, per seed:\n\n" + "\n".join(lines))
 
 
+def with_history_metrics(members: list[dict], run_dir: pathlib.Path, metrics_of) -> list[dict]:
+  """Members with the metrics `metrics_of(history)` computes from their evaluation history
+  (their metrics.jsonl records in step order), e.g. the steps to a target."""
+  key = lambda r: (r["task"], r["scheme"], r["seed"], json.dumps(r["hparams"], sort_keys=True))
+  history: dict = {}
+  for r in report.read_metrics(run_dir):
+    history.setdefault(key(r), []).append(r)
+  return [m | {"metrics": m["metrics"] | metrics_of(history.get(key(m), []))}
+          for m in members]
+
+
 def labelled(group: engine.Group, labels: dict) -> engine.Group:
   """A group of one variant of an architecture sweep: its name and its members' labels
   carry the swept values, so checkpoints and the summary's rows keep variants apart."""
@@ -342,6 +353,9 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   if len({g.name for g in groups}) != len(groups):
     raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
                      "each group needs its own checkpoint folder.")
+  if primary and hasattr(experiment, "save_run_files"):  # E.g. the tokenizer a run trained.
+    for _, variant in variants:
+      experiment.save_run_files(variant, run_dir)
   final = []
   writer = report.MetricsWriter(run_dir, keep=keep) if primary else _NullWriter()
   with writer, _SigtermFlag() as sigterm:
@@ -353,6 +367,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   reported = tuple(experiment.METRICS) + PERSISTENCE_METRICS
   members = [{k: r[k] for k in ("task", "scheme", "seed", "hparams", "diverged")} |
              {"metrics": {m: r[m] for m in reported if m in r}} for r in final]
+  if hasattr(experiment, "history_metrics"):
+    members = with_history_metrics(members, run_dir, lambda h: experiment.history_metrics(cfg, h))
   persistence = persistence_table(run_dir, members)
   summary = report.write_summary(
       run_dir, experiment=experiment.NAME, preset=preset, members=members,

@@ -1,0 +1,167 @@
+"""The language family: causality with the prior on, the ALiBi prior's per-head slopes,
+what each scheme trains, a uniform model's perplexity, the fixed-ALiBi decoder, and
+`mpx run language` end to end (BPE saved with the run, steps to the target, a missing
+dataset as one message)."""
+
+import dataclasses
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mpx import attention, cli, priors, schemes
+from mpx.nn import causal_decoder
+from mpx.sweep import config as config_lib
+from mpx.sweep import run
+from mpx.tasks import language, text
+
+EXPERIMENT = config_lib.load_experiment("language")
+TINY = language.Config(**EXPERIMENT.PRESETS["tiny"])
+N, H = TINY.seq_len, TINY.num_heads
+
+
+def _member_params(scheme):
+  task = language.make_task(TINY, text.ByteTokenizer())
+  member = next(m for m in language.members(TINY, text.ByteTokenizer())
+                if m.scheme == scheme)
+  return task, member, task.init(member)
+
+
+def test_alibi_prior_has_the_per_head_slopes():
+  """log σ(M_h,i,j) = −2^(−8h/H) (i − j) on and below the diagonal, in every layer."""
+  _, _, params = _member_params("mask")
+  slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
+  distance = np.arange(N)[:, None] - np.arange(N)[None, :]
+  below = distance >= 0
+  for layer in range(TINY.depth):
+    bias_HNN = np.asarray(attention.mask_bias(
+        params[f"block_{layer}"]["attention"]["mask_logits"]))
+    for h in range(H):
+      np.testing.assert_allclose(bias_HNN[h][below], -slopes[h] * distance[below],
+                                 rtol=1e-4, atol=1e-6)
+  assert np.all(np.diff(slopes) < 0)  # Head 1 is the steepest.
+
+
+@pytest.mark.parametrize("scheme", schemes.LANGUAGE_SCHEMES)
+def test_loss_at_t_has_zero_gradient_wrt_later_tokens(scheme):
+  """The gradient of position t's loss w.r.t. the inputs after t is exactly zero: the
+  pos_embed row j is added to input j, so its gradient is the input's."""
+  task, _, params = _member_params(scheme)
+  model = language.make_model(TINY, 257)
+  tokens = jax.random.randint(jax.random.key(0), (2, N), 0, 257)
+  t = 5
+
+  def loss_at_t(pos_embed):
+    logits = model.apply({"params": dict(params, pos_embed=pos_embed)}, tokens)
+    return jax.nn.log_softmax(logits[:, t])[jnp.arange(2), tokens[:, t]].sum()
+
+  grad_ND = np.asarray(jax.grad(loss_at_t)(params["pos_embed"]))
+  assert np.all(grad_ND[t + 1:] == 0.0)
+  assert np.all(np.abs(grad_ND[:t + 1]).sum(-1) > 0)  # The past does matter.
+
+
+def test_each_scheme_trains_what_it_says():
+  """After a few steps: the alibi prior and the no-position embeddings did not move, the
+  mask schemes' prior did, the default's positions did."""
+  (group,) = EXPERIMENT.build_groups(TINY)
+  state, _ = run.fit(group, chunk_steps=TINY.chunk_steps)
+  initial = [group.task.init(m) for m in group.members]
+  for i, member in enumerate(group.members):
+    final = jax.tree_util.tree_map(lambda x: np.asarray(x[i]), state.params)
+    mask_moved = not np.array_equal(final["block_0"]["attention"]["mask_logits"],
+                                    initial[i]["block_0"]["attention"]["mask_logits"])
+    pos_moved = not np.array_equal(final["pos_embed"], initial[i]["pos_embed"])
+    trains = schemes.language_scheme_trains(member.scheme)
+    assert (mask_moved, pos_moved) == (trains["mask"], trains["positions"]), member.scheme
+    if not trains["positions"]:
+      assert not np.any(final["pos_embed"])
+
+
+def test_a_uniform_model_has_perplexity_equal_to_the_vocabulary():
+  """All-zero params give zero logits: perplexity = V and bits per byte = log2 V
+  (byte tokens stand for one byte each)."""
+  task, member, params = _member_params("default")
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+  windows = language.windows(TINY, "validation")[:8]
+  values = {k: np.asarray(v) for k, v in task.eval_step(zeros, {"tokens": windows}).items()}
+  metrics = task.summarize(values, member)
+  assert metrics["perplexity"] == pytest.approx(257, rel=1e-5)
+  assert metrics["bits_per_byte"] == pytest.approx(math.log2(257), rel=1e-5)
+
+
+def test_fixed_alibi_decoder_is_the_alibi_scheme():
+  """`causal_decoder(positions="alibi")` (no pos_embed, frozen ALiBi mask) computes what
+  the sweep's alibi member computes, and its mask gets no gradient."""
+  _, _, params = _member_params("alibi")
+  fixed = causal_decoder(257, width=TINY.width, depth=TINY.depth, num_heads=H,
+                         head_dim=TINY.head_dim, mlp_dim=TINY.mlp_dim, positions="alibi",
+                         tie_embeddings=True)
+  tokens = jax.random.randint(jax.random.key(1), (2, N), 0, 257)
+  fixed_params = fixed.init(jax.random.key(0), tokens)["params"]
+  assert "pos_embed" not in fixed_params
+  np.testing.assert_allclose(fixed_params["block_0"]["attention"]["mask_logits"],
+                             priors.alibi_prior(N, H))
+  copied = {k: v for k, v in params.items() if k != "pos_embed"}
+  model = language.make_model(TINY, 257)
+  np.testing.assert_allclose(fixed.apply({"params": copied}, tokens),
+                             model.apply({"params": params}, tokens), rtol=1e-5, atol=1e-6)
+  grads = jax.grad(lambda p: fixed.apply({"params": p}, tokens).sum())(copied)
+  assert not np.any(grads["block_0"]["attention"]["mask_logits"])
+
+
+def test_tied_embeddings_read_out_through_the_embedding():
+  model = causal_decoder(11, width=8, depth=1, num_heads=2, tie_embeddings=True)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+  assert "head" not in params
+  with pytest.raises(ValueError, match="positions"):
+    causal_decoder(11, positions="rotary")
+
+
+def test_steps_to_target_is_the_first_step_at_or_below_it():
+  history = [{"step": 0, "perplexity": 250.0}, {"step": 50, "perplexity": 9.0},
+             {"step": 100, "perplexity": 7.5}, {"step": 150, "perplexity": 8.5}]
+  assert language.steps_to_target(history, 8.0) == {"steps_to_target": 100}
+  assert language.steps_to_target(history, 5.0) == {"steps_to_target": None}
+  assert language.steps_to_target(history, None) == {}
+
+
+def test_bad_config_names_the_fix():
+  with pytest.raises(ValueError, match="vocab_size"):
+    dataclasses.replace(TINY, tokenizer="bpe", vocab_size=None)
+  with pytest.raises(ValueError, match="mask_strength"):
+    dataclasses.replace(TINY, mask_strength=8.0)
+  with pytest.raises(ValueError, match="schemes"):
+    dataclasses.replace(TINY, schemes=("qk_svd",))
+
+
+def test_run_saves_its_bpe_and_reports_steps_to_target(tmp_path):
+  """A BPE run end to end: the tokenizer is in the run folder, the table names it, the
+  summary has perplexity and steps_to_target; a resume reuses (and checks) it."""
+  out = tmp_path / "run"
+  sets = ["tokenizer=bpe", "vocab_size=300", "schemes=default,mask"]
+  args = ["run", "language", "--preset", "tiny", "--out", str(out)]
+  for s in sets:
+    args += ["--set", s]
+  assert cli.main(args) == 0
+  saved = text.load_tokenizer(out / language.TOKENIZER_DIR)
+  assert saved.name == "bpe300" and saved.vocab_size == 300
+  members = json.loads((out / "summary.json").read_text())["members"]
+  assert {m["scheme"] for m in members} == {"default", "mask"}
+  for m in members:
+    assert m["task"] == "kjv-bpe300"
+    assert 1 < m["metrics"]["perplexity"] < 300
+    assert m["metrics"]["steps_to_target"] in (0, 4, 8)  # tiny's target: reachable.
+  assert "| kjv-bpe300 | mask |" in (out / "summary.md").read_text()
+  assert cli.main(args + ["--resume"]) == 0
+
+
+def test_missing_dataset_is_one_message(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", "language", "--preset", "wikitext2", "--set", f"data_dir={tmp_path}",
+              "--out", str(tmp_path / "run")])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert "wiki.train.raw" in err and str(tmp_path) in err and "Traceback" not in err
