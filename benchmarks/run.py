@@ -34,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import chunk_timing  # noqa: E402
 import torch_reference  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import engine, optim  # noqa: E402
@@ -183,11 +184,7 @@ def xla_flops(compiled) -> float:
 def compiled_chunk(scale: str, members: int, steps: int):
   """The benchmarked program, K members × `steps` steps compiled, with its inputs:
   `(chunk, state, hparams, data, compile seconds)`."""
-  group = make_group(scale, members)
-  state, hparams, data = engine.place(group, engine.init_state(group), None)
-  start = time.perf_counter()
-  chunk = engine.make_train_chunk(group, steps).lower(state, hparams, data).compile()
-  return chunk, state, hparams, data, time.perf_counter() - start
+  return chunk_timing.compile_chunk(make_group(scale, members), steps)
 
 
 def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
@@ -202,14 +199,7 @@ def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
   if need > have:  # Skip rather than have the OOM killer end the whole run.
     return Row(scale, "mpx vmapped", members, float("nan"), compile_s, gflop,
                f"skipped: needs {_size(need)}, {_size(have)} available")
-  state, out = chunk(state, hparams, data)
-  jax.block_until_ready(out)
-  start = time.perf_counter()
-  for _ in range(repeats):
-    state, out = chunk(state, hparams, data)
-  jax.block_until_ready(out)
-  seconds = time.perf_counter() - start
-  assert np.all(np.isfinite(np.asarray(out["train_loss"]))), "non-finite loss"
+  seconds = chunk_timing.time_chunk(chunk, state, hparams, data, repeats)
   return Row(scale, "mpx vmapped", members, members * steps * repeats / seconds, compile_s,
              gflop, _size(need))
 

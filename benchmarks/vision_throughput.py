@@ -23,13 +23,14 @@ import argparse
 import dataclasses
 import pathlib
 import sys
-import time
 
 import jax
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+import chunk_timing  # noqa: E402
 from mpx.sweep import engine  # noqa: E402
 from mpx.sweep.data import EvalData, Stream  # noqa: E402
 from mpx.tasks import vision  # noqa: E402
@@ -61,12 +62,8 @@ def batches(config: vision.Config, steps: int) -> dict:
 
 
 def compiled(config, members, steps):
-  group = make_group(config, members)
-  state, hparams, _ = engine.place(group, engine.init_state(group), None)
-  data = engine.replicate(batches(config, steps), None)
-  start = time.perf_counter()
-  chunk = engine.make_train_chunk(group, steps).lower(state, hparams, data).compile()
-  return chunk, state, hparams, data, time.perf_counter() - start
+  return chunk_timing.compile_chunk(make_group(config, members), steps,
+                                    data=engine.replicate(batches(config, steps), None))
 
 
 def program_bytes(chunk) -> float:
@@ -77,14 +74,7 @@ def program_bytes(chunk) -> float:
 
 def throughput(config, members, steps, repeats):
   chunk, state, hparams, data, compile_s = compiled(config, members, steps)
-  state, out = chunk(state, hparams, data)
-  jax.block_until_ready(out)
-  start = time.perf_counter()
-  for _ in range(repeats):
-    state, out = chunk(state, hparams, data)
-  jax.block_until_ready(out)
-  seconds = time.perf_counter() - start
-  assert np.all(np.isfinite(np.asarray(out["train_loss"]))), "non-finite loss"
+  seconds = chunk_timing.time_chunk(chunk, state, hparams, data, repeats)
   return steps * repeats * config.batch_size / seconds, compile_s
 
 

@@ -89,7 +89,8 @@ def test_two_processes_match_one(tmp_path, single):
   two = tmp_path / "two"
   outputs = _mpx_run(two, 2, processes=2)
   assert "4 cpu device(s)" in outputs[0]          # One global mesh over both processes.
-  assert "summary" not in outputs[1].lower()      # Process 1 writes and prints nothing.
+  assert "summary" not in outputs[1].lower()      # Process 1 writes and prints nothing:
+  assert "device(s)" not in outputs[1] and "members)" not in outputs[1]  # no banner, progress.
   # Other device counts regroup the vmapped members: float32 differences in the last bits.
   _assert_same(_metrics(two), single, rtol=1e-5)
   records = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]

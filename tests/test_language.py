@@ -123,8 +123,10 @@ def test_tied_embeddings_read_out_through_the_embedding():
 def test_steps_to_target_is_the_first_step_at_or_below_it():
   history = [{"step": 0, "perplexity": 250.0}, {"step": 50, "perplexity": 9.0},
              {"step": 100, "perplexity": 7.5}, {"step": 150, "perplexity": 8.5}]
-  assert language.steps_to_target(history, 8.0) == {"steps_to_target": 100}
-  assert language.steps_to_target(history, 5.0) == {"steps_to_target": None}
+  assert language.steps_to_target(history, 8.0) == {"steps_to_target": 100,
+                                                    "reached_target": 1.0}
+  assert language.steps_to_target(history, 5.0) == {"steps_to_target": None,
+                                                    "reached_target": 0.0}
   assert language.steps_to_target(history, None) == {}
 
 
@@ -137,9 +139,10 @@ def test_bad_config_names_the_fix():
     dataclasses.replace(TINY, schemes=("qk_svd",))
 
 
-def test_run_saves_its_bpe_and_reports_steps_to_target(tmp_path):
+def test_run_saves_its_bpe_and_reports_steps_to_target(tmp_path, capsys):
   """A BPE run end to end: the tokenizer is in the run folder, the table names it, the
-  summary has perplexity and steps_to_target; a resume reuses (and checks) it."""
+  summary has perplexity and steps_to_target; a resume reuses it, and refuses a BPE that
+  no longer matches the one trained from the data."""
   out = tmp_path / "run"
   sets = ["tokenizer=bpe", "vocab_size=300", "schemes=default,mask"]
   args = ["run", "language", "--preset", "tiny", "--out", str(out)]
@@ -156,6 +159,11 @@ def test_run_saves_its_bpe_and_reports_steps_to_target(tmp_path):
     assert m["metrics"]["steps_to_target"] in (0, 4, 8)  # tiny's target: reachable.
   assert "| kjv-bpe300 | mask |" in (out / "summary.md").read_text()
   assert cli.main(args + ["--resume"]) == 0
+  other = text.train_bpe(["an entirely different corpus " * 50], 300)
+  other.save(out / language.TOKENIZER_DIR)
+  with pytest.raises(SystemExit):  # The run's BPE no longer matches what it trains on.
+    cli.main(args + ["--resume"])
+  assert "differs" in capsys.readouterr().err
 
 
 def test_missing_dataset_is_one_message(tmp_path, capsys):
@@ -165,3 +173,48 @@ def test_missing_dataset_is_one_message(tmp_path, capsys):
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
   assert "wiki.train.raw" in err and str(tmp_path) in err and "Traceback" not in err
+
+
+def _words(rng, n):
+  vocab = ["the", "little", "dog", "ran", "to", "a", "park", "and", "saw", "bird", "Lily",
+           "happy", "tree", "was", "big", "red", "ball", "said", "mom", "day", "sun", "ö"]
+  return " ".join(rng.choice(vocab, n))
+
+
+def _write_wikitext(root, rng):
+  for split, lines in (("train", 400), ("valid", 40), ("test", 40)):
+    body = [" = Valkyria Chronicles III = \n", "\n"]
+    for i in range(lines):
+      body += [f" = = Section {i} = = \n", "\n", f" {_words(rng, 60)} . \n", "\n"]
+    (root / f"wiki.{split}.raw").write_text("".join(body), encoding="utf-8")
+
+
+def _write_tinystories(root, rng):
+  for split, stories in (("train", 600), ("valid", 60)):
+    text = "\n<|endoftext|>\n".join(f"Once upon a time {_words(rng, 50)}." for _ in range(stories))
+    (root / f"TinyStoriesV2-GPT4-{split}.txt").write_text(text + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("preset, write", [("wikitext2", _write_wikitext),
+                                           ("tinystories", _write_tinystories)])
+def test_paper_presets_build_and_train_on_generated_files(tmp_path, preset, write):
+  """The preset as shipped builds its group on files in the published format (BPE
+  trained on the training split, 257-token windows); the same data trains a step."""
+  write(tmp_path, np.random.default_rng(0))
+  config = dataclasses.replace(language.Config(**EXPERIMENT.PRESETS[preset]),
+                               data_dir=str(tmp_path))
+  (group,) = EXPERIMENT.build_groups(config)
+  tokenizer = language.tokenizer_for(config)
+  assert isinstance(tokenizer, text.BpeTokenizer)
+  assert group.name == f"{preset}-{tokenizer.name}"
+  assert len(group.members) == 4 * config.seeds and group.steps == config.steps
+  train = group.data.arrays["tokens"]
+  assert train.shape[1] == config.seq_len + 1 and len(train) >= config.batch_size
+  assert group.eval_data.arrays["tokens"].shape[1] == config.seq_len + 1
+  small = dataclasses.replace(config, schemes=("default", "mask_nopos"), seeds=1,
+                              seq_len=32, width=16, depth=1, num_heads=2, head_dim=8,
+                              mlp_dim=32, batch_size=4, steps=2, warmup_steps=0,
+                              chunk_steps=1, eval_every=0, checkpoint_every=0,
+                              eval_sequences=4, probe_size=2, dtype="float32")
+  _, metrics = run.fit(language.make_group(small), chunk_steps=1)
+  assert all(1 < m["perplexity"] < 2 * tokenizer.vocab_size for m in metrics)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import signal
 import sys
@@ -29,9 +28,6 @@ from mpx.sweep import evaluate as evaluate_lib
 PREEMPTED_EXIT_CODE = 143
 
 
-_DEVNULL = open(os.devnull, "w")  # Where the progress of processes other than 0 goes.
-
-
 class _NullWriter:
   """The metrics writer of processes other than 0: process 0 writes every record."""
 
@@ -43,6 +39,16 @@ class _NullWriter:
 
   def __exit__(self, *exc):
     return None
+
+
+class _NullStream:
+  """Where the progress of processes other than 0 goes."""
+
+  def write(self, text: str) -> int:
+    return len(text)
+
+  def flush(self) -> None:
+    pass
 
 
 class Preempted(Exception):
@@ -150,7 +156,7 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
     metrics = None  # The last evaluation's; the final one is reused, not recomputed.
     progress = report.Progress(group.steps, start_step=step,
                                label=f"{group.name} ({k} members)",
-                               stream=None if distributed.is_primary() else _DEVNULL)
+                               stream=None if distributed.is_primary() else _NullStream())
     try:
       if step == 0 and cfg.eval_every:  # Curves and heatmaps start at the initialisation.
         writer.write(_records(group, state, 0, None, evaluate(state)))
@@ -346,8 +352,9 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
       (run_dir / "config.json").write_text(json.dumps(saved_config, indent=2) + "\n")
   distributed.barrier("mpx-run-checked")
   mesh = engine.member_mesh(devices)
-  print(f"mpx run {experiment.NAME} --preset {preset} → {run_dir} "
-        f"({jax.device_count()} {jax.default_backend()} device(s))", file=sys.stderr)
+  if primary:
+    print(f"mpx run {experiment.NAME} --preset {preset} → {run_dir} "
+          f"({jax.device_count()} {jax.default_backend()} device(s))", file=sys.stderr)
   groups = [labelled(group, labels) for labels, variant in variants
             for group in experiment.build_groups(variant)]
   if len({g.name for g in groups}) != len(groups):

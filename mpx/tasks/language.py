@@ -119,13 +119,6 @@ def make_model(config: Config, vocab_size: int) -> TokenTransformer:
                         dtype=DTYPES[config.dtype], implementation=config.implementation)
 
 
-def num_params(params) -> int:
-  """Trainable weights, masks excluded (they are N² per head and layer, not model size)."""
-  leaves = jax.tree_util.tree_leaves_with_path(params)
-  return sum(int(np.prod(x.shape)) for path, x in leaves
-             if getattr(path[-1], "key", None) != "mask_logits")
-
-
 def half_weight_pattern(seq_len: int, num_heads: int) -> np.ndarray:
   """`[H, N, N]` the keys ALiBi weights at least half (e^(−m_h (i−j)) ≥ ½, j ≤ i): the
   pattern fidelity is scored on, the same for every scheme."""
@@ -246,13 +239,15 @@ def make_group(config: Config) -> engine.Group:
 
 
 def steps_to_target(history: Sequence[dict], target: float | None) -> dict:
-  """{"steps_to_target": the first evaluated step with perplexity ≤ target} (None when
-  never reached or not asked)."""
+  """The first evaluated step with perplexity ≤ target (None when never reached), and
+  whether it was reached (1 / 0: the table's mean is the share of seeds that did, so a
+  mean step over the seeds that made it cannot hide the ones that did not)."""
   if target is None:
     return {}
   reached = [r["step"] for r in history
              if r.get("perplexity") is not None and r["perplexity"] <= target]
-  return {"steps_to_target": min(reached) if reached else None}
+  return {"steps_to_target": min(reached) if reached else None,
+          "reached_target": float(bool(reached))}
 
 
 def save_tokenizer(config: Config, run_dir: pathlib.Path) -> None:

@@ -1,0 +1,33 @@
+"""Compiling and timing one training chunk: what every mpx benchmark measures."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from mpx.sweep import engine
+
+
+def compile_chunk(group: engine.Group, steps: int, data=None):
+  """K members × `steps` steps compiled, with its inputs: `(chunk, state, hparams, data,
+  compile seconds)`; `data` replaces the group's (e.g. a stream's batches, placed)."""
+  state, hparams, group_data = engine.place(group, engine.init_state(group), None)
+  data = group_data if data is None else data
+  start = time.perf_counter()
+  chunk = engine.make_train_chunk(group, steps).lower(state, hparams, data).compile()
+  return chunk, state, hparams, data, time.perf_counter() - start
+
+
+def time_chunk(chunk, state, hparams, data, repeats: int) -> float:
+  """Seconds for `repeats` chunks after one warm-up chunk (the loss checked finite)."""
+  state, out = chunk(state, hparams, data)
+  jax.block_until_ready(out)
+  start = time.perf_counter()
+  for _ in range(repeats):
+    state, out = chunk(state, hparams, data)
+  jax.block_until_ready(out)
+  seconds = time.perf_counter() - start
+  assert np.all(np.isfinite(np.asarray(out["train_loss"]))), "non-finite loss"
+  return seconds
