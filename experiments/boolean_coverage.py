@@ -33,10 +33,9 @@ Predicted unseen accuracy (computed, `predictions()`): the mask's hypothesis / t
 
 cov_andnot is where the hypothesis says a symmetric mask must *hurt*: its unseen
 (−1, +1) has the sum 0 of the seen (+1, −1), whose target is the opposite, while the MDI
-−1 + x0 − x1 is right. cov_window3 is judged on windows (kind "window"), but
-boolean_gotu gives a registered task the clique over its support as its mask (only the
-built-in cyclic3 gets window-shaped priors), so its mask members train with a prior whose
-own prediction, the sum over the clique, is 26.7%; coverage.md shows both.
+−1 + x0 − x1 is right. cov_window3 is judged on windows (kind "window") and registered
+with them as its `interaction_groups`, so its mask joins the bits of each window (not the
+clique over x0..x4, whose sum classes would predict 26.7%; coverage.md shows both).
 
 Expect: not measured yet (no run of `quick` or `cpu` has been made). The hypothesis
 predicts the mask's points on the diagonal of plots/coverage.png and the default's at the
@@ -154,7 +153,8 @@ TASK_NAMES = tuple(TASKS)
 for _spec in SPECS:  # Known by name before any Config is built (it checks task names).
   boolean.register_task(boolean.make_task(
       _spec.name, lambda x, f=_spec.target: np.asarray(f(x), np.float32), _spec.seen,
-      N_BITS, support=_spec.support, integer_valued=_spec.integer_valued))
+      N_BITS, support=_spec.support, integer_valued=_spec.integer_valued,
+      interaction_groups=_spec.class_groups if _spec.kind == "window" else ()))
 
 PRESETS = {
     "quick": dict(GOTU_PRESETS["quick"], schemes=("default", "mask"), tasks=TASK_NAMES),

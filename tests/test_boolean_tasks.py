@@ -469,3 +469,15 @@ def test_coverage_rejects_bad_groups():
                               ([(0, 1), (2,)], "window", "one length")):
     with pytest.raises(ValueError, match=match):
       boolean.class_coverage(task, groups, kind=kind)
+
+
+def test_interaction_groups_must_cover_the_support():
+  target = lambda x: x[:, 0] * x[:, 1] * x[:, 2]
+  seen = lambda x: x[:, 0] > 0
+  task = boolean.make_task("grouped", target, seen, 4, support=(0, 1, 2),
+                           interaction_groups=[(1, 0), (2, 1)])
+  assert task.interaction_groups == ((0, 1), (1, 2))
+  for groups in ([(0, 1)], [(0, 1), (2,)], [(0, 1), (1, 2), (2, 3)]):
+    with pytest.raises(ValueError, match="interaction_groups"):
+      boolean.make_task("grouped", target, seen, 4, support=(0, 1, 2),
+                        interaction_groups=groups)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -44,6 +44,9 @@ class BooleanTask:
     integer_valued: the target takes integer values (cyclic3), so exact (rounded) accuracy is
       meaningful besides sign accuracy.
     support: bits the target depends on (used to build interaction priors).
+    interaction_groups: the groups of support bits that interact, e.g. the windows of a
+      windowed target; the mask prior joins the bits of each group. () = one group, the
+      whole support (a clique).
   """
 
   name: str
@@ -54,6 +57,7 @@ class BooleanTask:
   train_size: int | None = None
   integer_valued: bool = False
   support: tuple[int, ...] = ()
+  interaction_groups: tuple[tuple[int, ...], ...] = ()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,7 +126,8 @@ def make_task(name: str,
               protocol: str = "enumerate",
               train_size: int | None = None,
               integer_valued: bool = False,
-              support: tuple[int, ...] = ()) -> BooleanTask:
+              support: tuple[int, ...] = (),
+              interaction_groups: Sequence[Sequence[int]] = ()) -> BooleanTask:
   """Defines a task, checking it on the whole cube so a bad definition fails here, not mid-run."""
   if not isinstance(name, str) or not name:
     raise ValueError(f"name must be a non-empty string, got {name!r}.")
@@ -149,6 +154,11 @@ def make_task(name: str,
     raise ValueError(f"support must hold distinct bit indices in 0..{n_bits - 1}, "
                      f"got {support!r}.")
   support = tuple(sorted(int(i) for i in support))
+  interaction_groups = tuple(tuple(sorted(int(i) for i in g)) for g in interaction_groups)
+  if interaction_groups and (set().union(*interaction_groups) != set(support)
+                             or any(len(g) < 2 for g in interaction_groups)):
+    raise ValueError(f"interaction_groups {interaction_groups} must be groups of >= 2 "
+                     f"support bits that together cover the support {support}.")
 
   x_PN = cube(n_bits)
   y_P = np.asarray(target(x_PN))
@@ -168,7 +178,7 @@ def make_task(name: str,
                      "task does not test generalisation on the unseen.")
   return BooleanTask(name=name, n_bits=n_bits, target=target, seen=seen, protocol=protocol,
                      train_size=train_size, integer_valued=bool(integer_valued),
-                     support=support)
+                     support=support, interaction_groups=interaction_groups)
 
 
 _BUILTIN = {

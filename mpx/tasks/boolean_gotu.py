@@ -93,13 +93,16 @@ class Config(PriorConfig):
 def task_prior(task: str, strength: float) -> jax.Array:
   """The mask prior of each task: the interaction structure of its target. Majority
   suppresses the per-bit shortcut, Cyclic3 has its windows; any other task (2Parity and
-  the user's own) gets the clique over its `support`."""
+  the user's own) gets the clique over its `support`, or over each of its
+  `interaction_groups` when it names them."""
   spec = boolean.get_task(task)
   if task == "majority3":
     return priors.majority_prior(spec.n_bits, spec.support, strength)
   if task == "cyclic3":
     return priors.cyclic_prior(spec.n_bits, 3, strength)
-  return priors.parity_prior(spec.n_bits, _support(task), strength)
+  edges = [(i, j) for group in spec.interaction_groups for i in group for j in group
+           if i != j] or None
+  return priors.parity_prior(spec.n_bits, _support(task), strength, support_edges=edges)
 
 
 # --------------------------------------------------------------------------- designs
