@@ -41,7 +41,8 @@ def _env(devices: int, **extra) -> dict:
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("MPX_", "SLURM_")) and k != "XLA_FLAGS"}
   return env | _CACHE | {"JAX_PLATFORMS": "cpu",
-                         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"
+                         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "  # conftest's
+                                      f"--xla_force_host_platform_device_count={devices}"
                          } | extra
 
 

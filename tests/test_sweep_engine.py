@@ -189,7 +189,8 @@ print(json.dumps({{"leaves": [np.asarray(x)[:3].tolist() for x in
 
 def test_multi_device_sweep_matches_single_device():
   tests = str(pathlib.Path(__file__).parent)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "  # conftest's
+                                  "--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", _MULTI_DEVICE_SCRIPT.format(tests=tests)],
                        env=env, capture_output=True, text=True, timeout=600)
