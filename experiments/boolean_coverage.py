@@ -324,18 +324,32 @@ def plot_coverage(rows, path) -> str:
   return str(path)
 
 
-def report(run_dir) -> tuple[str, str]:
-  """Reads RUN_DIR/summary.json, writes RUN_DIR/coverage.md and RUN_DIR/plots/coverage.png;
-  returns their paths."""
+def _read_summaries(run_dirs) -> dict:
+  """The runs' summary.json files as one: their members joined (runs of task subsets,
+  e.g. the halves of a sweep run on two cores); experiment and preset must agree."""
+  summaries = []
+  for run_dir in map(pathlib.Path, run_dirs):
+    path = run_dir / report_lib.SUMMARY_JSON
+    if not path.is_file():
+      raise ValueError(f"{path} is missing: run `mpx run {NAME} --preset ... --out {run_dir}` "
+                       "to the end first (it writes summary.json last).")
+    summaries.append(json.loads(path.read_text(encoding="utf-8")))
+  kinds = {(s["experiment"], s["preset"]) for s in summaries}
+  if len(kinds) > 1:
+    raise ValueError(f"{list(map(str, run_dirs))} are runs of different experiments or presets "
+                     f"{sorted(kinds)}; report runs of one preset together.")
+  return dict(summaries[0], members=[m for s in summaries for m in s["members"]])
+
+
+def report(run_dir, *more_run_dirs) -> tuple[str, str]:
+  """Reads the summary.json of RUN_DIR (and of more runs of the same preset, their members
+  joined), writes RUN_DIR/coverage.md and RUN_DIR/plots/coverage.png; returns their paths."""
   run_dir = pathlib.Path(run_dir)
-  path = run_dir / report_lib.SUMMARY_JSON
-  if not path.is_file():
-    raise ValueError(f"{path} is missing: run `mpx run {NAME} --preset ... --out {run_dir}` "
-                     "to the end first (it writes summary.json last).")
-  summary = json.loads(path.read_text(encoding="utf-8"))
+  summary = _read_summaries([run_dir, *more_run_dirs])
   rows = predicted_vs_measured(summary)
   if not rows:
-    raise ValueError(f"{path} has no member of this experiment's tasks {TASK_NAMES}.")
+    raise ValueError(f"{run_dir / report_lib.SUMMARY_JSON} has no member of this "
+                     f"experiment's tasks {TASK_NAMES}.")
   others = sorted({m["task"] for m in summary["members"]} - set(TASKS))
   names = list(dict.fromkeys(r["task"] for r in rows))
   parts = [f"# Coverage: predicted vs measured unseen accuracy ({summary['experiment']}, "
@@ -353,7 +367,7 @@ def report(run_dir) -> tuple[str, str]:
 
 
 if __name__ == "__main__":
-  if len(sys.argv) != 2:
-    sys.exit(f"usage: python -m mpx.experiments.{NAME} RUN_DIR")
-  for written in report(sys.argv[1]):
+  if len(sys.argv) < 2:
+    sys.exit(f"usage: python -m mpx.experiments.{NAME} RUN_DIR [MORE_RUN_DIRS...]")
+  for written in report(*sys.argv[1:]):
     print(f"wrote {written}")

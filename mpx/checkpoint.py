@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 PyTree = Any
 
@@ -165,7 +166,7 @@ class Checkpointer:
     if max_to_keep is not None and (isinstance(max_to_keep, bool)
                                     or not isinstance(max_to_keep, int) or max_to_keep < 1):
       raise ValueError(f"max_to_keep must be an int >= 1 or None (keep all); got {max_to_keep!r}.")
-    self.directory = os.path.abspath(os.fspath(directory))
+    self.directory = _absolute(directory)
     self._manager = _manager(self.directory, read_only=False, max_to_keep=max_to_keep)
 
   def save(self, step: int, state: PyTree, config: dict) -> None:
@@ -269,6 +270,12 @@ class Checkpointer:
     self.close()
 
 
+def _absolute(directory: str | os.PathLike) -> str:
+  """A local directory made absolute; a URL (gs://...) as it is: Orbax writes it."""
+  directory = os.fspath(directory)
+  return directory if "://" in directory else os.path.abspath(directory)
+
+
 def _check_step(step) -> int:
   if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
     raise ValueError(f"step must be an int >= 0; got {step!r}.")
@@ -280,8 +287,8 @@ def restore_config(directory: str | os.PathLike, step: int | None = None) -> dic
 
   Read-only: safe while another process is writing checkpoints into `directory`.
   """
-  directory = os.path.abspath(os.fspath(directory))
-  if not os.path.isdir(directory):
+  directory = _absolute(directory)
+  if not epath.Path(directory).is_dir():
     raise FileNotFoundError(f"No checkpoint directory {directory}.")
   manager = _manager(directory, read_only=True)
   try:

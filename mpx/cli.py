@@ -53,21 +53,24 @@ def _run_command(args) -> int:
   from mpx.sweep import config as config_lib
   from mpx.sweep import run as run_lib
   experiment = config_lib.load_experiment(args.experiment)
+  from mpx.sweep import run_folder
   try:
-    run_dir = run_lib.run_experiment(experiment, preset=args.preset,
+    summary = run_lib.run_experiment(experiment, preset=args.preset,
                                      overrides=args.set or (), out_dir=args.out,
-                                     resume=args.resume)["run_dir"]
+                                     resume=args.resume)
   except run_lib.Preempted as e:
     print(f"mpx run: {e} Continue with the same command and --resume.", file=sys.stderr)
     return run_lib.PREEMPTED_EXIT_CODE
   from mpx.sweep import distributed
   if not distributed.is_primary():  # Process 0 writes the run's files.
     return 0
+  run_dir, local_dir = summary["run_dir"], summary["local_dir"]
   try:  # Drawn by default: summary.md links plots/overview.png.
     from mpx import plotting
-    print(f"plots: {_plots_line(plotting.plot_run(run_dir), run_dir)}", file=sys.stderr)
+    print(f"plots: {_plots_line(plotting.plot_run(local_dir), run_dir)}", file=sys.stderr)
   except (ImportError, ValueError) as e:  # The run itself succeeded: say why, exit 0.
     print(f"no plots: {e}", file=sys.stderr)
+  run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
   return 0
 
 

@@ -145,6 +145,23 @@ def test_report_writes_the_table_and_the_plot(tmp_path):
   assert image.ndim == 3 and image.shape[0] > 100 and image[..., :3].std() > 0
 
 
+def test_report_joins_runs_of_task_subsets(tmp_path):
+  """Two runs of one preset, each of some tasks, give the table of one run of all."""
+  whole, a, b = (tmp_path / n for n in ("whole", "a", "b"))
+  for folder, keep in ((whole, lambda m: True), (a, lambda m: m["task"] == "cov_andnot"),
+                       (b, lambda m: m["task"] != "cov_andnot")):
+    folder.mkdir()
+    members = [m for m in SUMMARY["members"] if keep(m)]
+    (folder / "summary.json").write_text(json.dumps(dict(SUMMARY, members=members)))
+  cov.report(whole)
+  cov.report(a, b)
+  table = lambda d: (d / "coverage.md").read_text().split("## The tasks")[0]
+  assert table(a) == table(whole) and "cov_majority3_hole | mask" in table(a)
+  (b / "summary.json").write_text(json.dumps(dict(SUMMARY, preset="cpu")))
+  with pytest.raises(ValueError, match="different experiments or presets"):
+    cov.report(a, b)
+
+
 def test_report_refuses_a_folder_without_its_tasks(tmp_path):
   with pytest.raises(ValueError, match="summary.json is missing"):
     cov.report(tmp_path)

@@ -109,11 +109,3 @@ def test_setup_cfg_ships_every_package():
   found = set(setuptools.find_packages(str(root), include=["mpx", "mpx.*"]))
   assert listed == found | {"mpx.experiments"}
   assert "mpx.experiments = experiments" in cfg["options"]["package_dir"]
-
-
-def test_run_refuses_a_bucket_url_out_naming_the_mount(tmp_path, capsys):
-  with pytest.raises(SystemExit) as exit_info:
-    cli.main(["run", TOY, "--out", "gs://bucket/runs/x"])
-  assert exit_info.value.code == 2
-  err = capsys.readouterr().err
-  assert "URL run folders are not supported" in err and "gcsfuse" in err

@@ -128,7 +128,7 @@ def test_tpu_pod_dry_run_all_prints_every_command(tmp_path):
   assert result.returncode == 0, result.stderr
   assert result.stdout.splitlines() == TPU_ALL
   # Spelled out: install adds gcsfuse; the run mounts the bucket, then writes to the mount,
-  # never to gs:// (mpx refuses a URL as --out).
+  # not to the gs:// URL (the script takes the mount route).
   install, run = (shlex.split(line)[-1] for line in result.stdout.splitlines()[4:6])
   assert f"; {_GCSFUSE}; " in install
   assert run.startswith("set -e; if ! mountpoint -q /mnt/gcs/my-bucket; then ")

@@ -13,10 +13,11 @@ import time
 import jax
 import numpy as np
 import pytest
+from etils import epath
 
 from mpx import checkpoint, cli, report
 from mpx.sweep import config as config_lib
-from mpx.sweep import engine, run
+from mpx.sweep import engine, run, run_folder
 
 TESTS = pathlib.Path(__file__).parent
 TOY = str(TESTS / "toy_experiment.py")
@@ -27,20 +28,21 @@ def _final_params(run_dir, group_name, overrides=()):
   experiment = config_lib.load_experiment(TOY)
   _, cfg = config_lib.make_config(experiment, None, overrides)
   group = [g for g in experiment.build_groups(cfg) if g.name == group_name][0]
-  with checkpoint.Checkpointer(pathlib.Path(run_dir) / "checkpoints" / group_name) as ckpt:
+  with checkpoint.Checkpointer(epath.Path(run_dir) / "checkpoints" / group_name) as ckpt:
     state, _ = ckpt.restore(engine.init_state(group))
   return state
 
 
 def _assert_same_run(dir_a, dir_b, overrides=()):
+  """Same final params, metrics and summary; a run folder may be a gs:// URL."""
   for name in ("toy_a", "toy_b"):
     a, b = _final_params(dir_a, name, overrides), _final_params(dir_b, name, overrides)
     assert int(a.step) == int(b.step) == 24
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
       np.testing.assert_array_equal(x, y)
-  metrics = lambda d: (pathlib.Path(d) / "metrics.jsonl").read_bytes()
+  metrics = lambda d: (epath.Path(d) / "metrics.jsonl").read_bytes()
   assert metrics(dir_a) == metrics(dir_b)
-  summary = lambda d: json.loads((pathlib.Path(d) / "summary.json").read_text())
+  summary = lambda d: json.loads((epath.Path(d) / "summary.json").read_text())
   assert summary(dir_a) == summary(dir_b)
 
 
@@ -120,9 +122,9 @@ def test_resume_checks_the_config_stored_with_the_checkpoints(uninterrupted, tmp
   assert _files(out) == before
 
 
-def _run_preempted_then_resume(out, overrides=()):
+def _run_preempted_then_resume(out, overrides=(), before_resume=lambda: None):
   """Runs the toy with a SIGTERM at the first evaluation after the init's, checks the
-  checkpoint it left, then resumes it from the command line."""
+  checkpoint it left, calls `before_resume()`, then resumes it from the command line."""
   calls = []
   experiment = config_lib.load_experiment(TOY)
   original = experiment.build_groups
@@ -145,9 +147,11 @@ def _run_preempted_then_resume(out, overrides=()):
   experiment.build_groups = build_groups_with_preemption
   with pytest.raises(run.Preempted):
     run.run_experiment(experiment, out_dir=str(out), overrides=overrides)
+  out = epath.Path(out)
   with checkpoint.Checkpointer(out / "checkpoints" / "toy_a") as ckpt:
     assert ckpt.latest_step() == 4
   assert not (out / "summary.json").exists()
+  before_resume()
   sets = [a for o in overrides for a in ("--set", o)]
   assert cli.main(["run", TOY, "--out", str(out), "--resume", *sets]) == 0
 
@@ -156,6 +160,28 @@ def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
   out = tmp_path / "sigterm"
   _run_preempted_then_resume(out)
   _assert_same_run(uninterrupted, out)
+
+
+def test_gs_run_resumed_elsewhere_equals_the_local_run(uninterrupted, bucket):
+  """A gs:// run folder (a GCS emulator): checkpoints written by Orbax into the bucket, the
+  other files uploaded from staging, the metrics there reaching the checkpoint a SIGTERM
+  left; resumed without that staging folder (another machine), it equals the local run."""
+  out = f"{bucket}/runs/toy"
+  sets = ["checkpoint_every=8"]  # Fewer saves than the toy's 2 (each is many requests).
+
+  def uploaded_up_to_the_checkpoint():
+    lines = (epath.Path(out) / "metrics.jsonl").read_text().splitlines()
+    assert {json.loads(line)["step"] for line in lines} == {0, 4}
+    assert not pathlib.Path(out).exists() and not pathlib.Path("gs:").exists()
+    shutil.rmtree(run_folder.staging_dir(out))
+
+  _run_preempted_then_resume(out, sets, before_resume=uploaded_up_to_the_checkpoint)
+  _assert_same_run(uninterrupted, out)
+  root = epath.Path(out)
+  assert (root / "summary.md").read_text() == (uninterrupted / "summary.md").read_text()
+  assert (root / "plots" / "overview.png").exists()
+  with pytest.raises(SystemExit):                     # A fresh run into it is refused.
+    cli.main(["run", TOY, "--out", out, "--set", sets[0]])
 
 
 def test_stream_run_trains_and_resumes_exactly_after_sigterm(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import signal
 import sys
@@ -17,6 +18,7 @@ import types
 
 import jax
 import numpy as np
+from etils import epath
 
 from mpx import checkpoint, diagnostics, report
 from mpx.sweep import config as config_lib
@@ -24,6 +26,7 @@ from mpx.sweep import data as data_lib
 from mpx.sweep import distributed
 from mpx.sweep import engine
 from mpx.sweep import evaluate as evaluate_lib
+from mpx.sweep import run_folder
 
 PREEMPTED_EXIT_CODE = 143
 
@@ -127,10 +130,13 @@ def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
   return state, evaluate_lib.Evaluator(group)(state)
 
 
-def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathlib.Path, *,
+def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: epath.Path, *,
                 writer, saved_config: dict, resume: bool, sigterm: _SigtermFlag,
-                mesh=None) -> list[dict]:
+                mesh=None, before_save=lambda: None) -> list[dict]:
   """Trains one group to the end (or to a preemption); returns final member records.
+
+  Checkpoints go to `checkpoints`/group name; `before_save()` runs before each save (a URL
+  run uploads its metrics there, so the bucket's records reach every checkpoint).
 
   Chunks are dispatched ahead: the next chunk is queued before the previous one's
   scalars are read for the progress line, so the device never waits on the host between
@@ -139,7 +145,7 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
   k = len(group.members)
   rows = engine.member_rows(k, mesh)  # This process's members: it builds only those.
   evaluate = evaluate_lib.Evaluator(group)
-  with checkpoint.Checkpointer(run_dir / "checkpoints" / group.name,
+  with checkpoint.Checkpointer(checkpoints / group.name,
                                max_to_keep=cfg.keep_checkpoints) as ckpt:
     state = engine.init_state(group, rows)
     if resume and ckpt.latest_step() is not None:
@@ -179,6 +185,7 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, run_dir: pathl
             writer.write(_records(group, state, step, train, metrics))
             preempted = distributed.any_process(sigterm.raised)  # One during the evaluation.
           if save or preempted:
+            before_save()
             ckpt.save(step, state, saved_config)
           if preempted and step < group.steps:
             raise Preempted(f"SIGTERM: saved group {group.name} at step {step}.")
@@ -198,7 +205,7 @@ def _config_differences(previous: dict, saved: dict) -> list[str]:
   return keys + sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
 
 
-def _check_resume_config(run_dir: pathlib.Path, saved: dict) -> None:
+def _check_resume_config(run_dir: epath.Path, saved: dict) -> None:
   path = run_dir / "config.json"
   if not path.exists():
     raise FileNotFoundError(f"--resume: {path} does not exist; nothing to resume.")
@@ -218,9 +225,8 @@ def _check_checkpoint_config(directory: str | pathlib.Path, stored: dict, saved:
                      "run's --preset and --set, or start a fresh run with another --out.")
 
 
-def _check_checkpoint_configs(run_dir: pathlib.Path, saved: dict) -> None:
-  """Every group's latest checkpoint, read-only, before anything is written."""
-  root = run_dir / "checkpoints"
+def _check_checkpoint_configs(root: epath.Path, saved: dict) -> None:
+  """Every group's latest checkpoint under `root`, read-only, before anything is written."""
   for directory in sorted(root.iterdir() if root.is_dir() else []):
     try:
       stored = checkpoint.restore_config(directory)
@@ -239,11 +245,10 @@ def _check_run_dir(run_dir: pathlib.Path) -> None:
       return
 
 
-def _check_fresh(run_dir: pathlib.Path) -> None:
+def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path) -> None:
   """A fresh run must not mix with (or overwrite the config of) an earlier one."""
   metrics = run_dir / report.METRICS_FILE
-  checkpoints = run_dir / "checkpoints"
-  if metrics.exists() and metrics.stat().st_size > 0:
+  if metrics.exists() and metrics.stat().length > 0:
     held = "metrics"
   elif checkpoints.is_dir() and any(checkpoints.iterdir()):
     held = "checkpoints"
@@ -253,10 +258,9 @@ def _check_fresh(run_dir: pathlib.Path) -> None:
                         "to continue it, or choose another --out.")
 
 
-def completed_steps(run_dir: pathlib.Path) -> dict[str, int]:
-  """Each group's latest checkpointed step: the metrics to keep on resume."""
+def completed_steps(root: epath.Path) -> dict[str, int]:
+  """Each group's latest checkpointed step under `root`: the metrics to keep on resume."""
   steps = {}
-  root = run_dir / "checkpoints"
   for directory in (root.iterdir() if root.exists() else []):
     with checkpoint.Checkpointer(directory) as ckpt:
       latest = ckpt.latest_step()
@@ -317,8 +321,9 @@ def labelled(group: engine.Group, labels: dict) -> engine.Group:
 def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                    overrides=(), out_dir: str | None = None, resume: bool = False,
                    devices=None) -> dict:
-  """Builds, trains and reports one experiment; returns the summary dict (plus its
-  `run_dir`)."""
+  """Builds, trains and reports one experiment; returns the summary dict plus `run_dir`
+  (the run folder) and `local_dir`, where its files are written: `run_dir` itself, or for
+  a gs:// URL the staging folder `run_folder.push` uploads."""
   preset, variants = config_lib.make_configs(experiment, preset, overrides)
   cfg = variants[0][1]
   if out_dir is None:
@@ -326,34 +331,41 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   if not str(out_dir).strip():
     raise ValueError("--out is empty; give a run folder, or leave --out out for "
                      f"runs/{experiment.NAME}-{preset}.")
-  if "://" in str(out_dir):
-    raise ValueError(f"--out {out_dir}: URL run folders are not supported (mpx writes the "
-                     "folder through the filesystem); mount the bucket on every host (e.g. "
-                     "gcsfuse --implicit-dirs BUCKET /mnt/bucket) and pass the mount path.")
-  run_dir = pathlib.Path(out_dir)
+  out = os.fspath(out_dir)
+  root = epath.Path(out)  # The run folder as named; checks read it, checkpoints go there.
+  checkpoints = run_folder.checkpoint_root(out)
+  if run_folder.is_url(out):
+    run_folder.check_url(out)
+    run_dir = run_folder.staging_dir(out)  # Process 0's files, uploaded by run_folder.push.
+  else:
+    run_dir = pathlib.Path(out)
   saved_config = {"experiment": experiment.NAME, "preset": preset,
                   "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
   if variants[0][0]:  # An architecture sweep: the first variant's config and the values.
     saved_config["sweep"] = {k: [labels[k] for labels, _ in variants] for k in variants[0][0]}
   # Every check comes before the first write: a refused run leaves the folder as it was.
   # All processes check (each must refuse alike); process 0 alone writes, then all wait.
-  _check_run_dir(run_dir)
+  if not run_folder.is_url(out):
+    _check_run_dir(run_dir)
   primary = distributed.is_primary()
   if resume:
-    _check_resume_config(run_dir, saved_config)
-    _check_checkpoint_configs(run_dir, saved_config)
-    completed = completed_steps(run_dir)
+    _check_resume_config(root, saved_config)
+    _check_checkpoint_configs(checkpoints, saved_config)
+    completed = completed_steps(checkpoints)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:
-    _check_fresh(run_dir)
+    _check_fresh(root, checkpoints)
     keep = None
-    if primary:
+  if primary:
+    run_folder.pull(out, run_dir)
+    if not resume:
       run_dir.mkdir(parents=True, exist_ok=True)
       (run_dir / "config.json").write_text(json.dumps(saved_config, indent=2) + "\n")
   distributed.barrier("mpx-run-checked")
   mesh = engine.member_mesh(devices)
   if primary:
-    print(f"mpx run {experiment.NAME} --preset {preset} → {run_dir} "
+    staged = f" (files staged in {run_dir})" if run_folder.is_url(out) else ""
+    print(f"mpx run {experiment.NAME} --preset {preset} → {out}{staged} "
           f"({jax.device_count()} {jax.default_backend()} device(s))", file=sys.stderr)
   groups = [labelled(group, labels) for labels, variant in variants
             for group in experiment.build_groups(variant)]
@@ -365,12 +377,14 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
       experiment.save_run_files(variant, run_dir)
   final = []
   writer = report.MetricsWriter(run_dir, keep=keep) if primary else _NullWriter()
+  push = (lambda: run_folder.push(run_dir, out)) if primary else (lambda: None)
+  dirs = {"run_dir": out if run_folder.is_url(out) else str(run_dir), "local_dir": str(run_dir)}
   with writer, _SigtermFlag() as sigterm:
     for group in groups:
-      final += train_group(group, cfg, run_dir, writer=writer, saved_config=saved_config,
-                           resume=resume, sigterm=sigterm, mesh=mesh)
+      final += train_group(group, cfg, checkpoints, writer=writer, saved_config=saved_config,
+                           resume=resume, sigterm=sigterm, mesh=mesh, before_save=push)
   if not primary:
-    return {"run_dir": str(run_dir)}
+    return dirs
   reported = tuple(experiment.METRICS) + PERSISTENCE_METRICS
   members = [{k: r[k] for k in ("task", "scheme", "seed", "hparams", "diverged")} |
              {"metrics": {m: r[m] for m in reported if m in r}} for r in final]
@@ -381,5 +395,6 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
       run_dir, experiment=experiment.NAME, preset=preset, members=members,
       paper=experiment.PAPER, metric_names=list(experiment.METRICS),
       extra_tables={"Persistence of the prior": persistence} if persistence else None)
+  push()
   print((run_dir / "summary.md").read_text())
-  return dict(summary, run_dir=str(run_dir))
+  return dict(summary, **dirs)

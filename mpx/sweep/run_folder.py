@@ -1,0 +1,116 @@
+"""Run folders that are URLs (`gs://bucket/path`): checkpoints there, the other files staged.
+
+Orbax writes checkpoints to a URL itself (tensorstore's gcs driver; every process takes
+part), so `checkpoints/` lives at the URL. The run's other files (config.json,
+metrics.jsonl, summaries, plots, TensorBoard events, an experiment's own files) are
+appended to and rewritten in place, which object stores cannot do; process 0 writes them
+into a local staging folder and `push` uploads what changed. The run loop pushes before
+every checkpoint save, so the bucket's metrics always reach the latest checkpoint (a
+resume drops the records past it), and once more at the end. `pull` makes the staging
+folder a fresh copy of the URL's files, so `--resume` works from any machine.
+
+A local run folder is its own staging folder: `push` and `pull` do nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+
+from etils import epath
+
+STAGING_ENV = "MPX_STAGING_DIR"  # Where URL runs stage their files (default below).
+_CHECKPOINTS = "checkpoints"
+_MANIFEST = ".mpx-pushed.json"  # In the staging folder: what the last push uploaded.
+
+
+def is_url(out: str | os.PathLike) -> bool:
+  return "://" in os.fspath(out)
+
+
+def check_url(out: str) -> None:
+  """Only gs:// is tested (against a GCS emulator); other schemes are refused by name."""
+  scheme, _, rest = out.partition("://")
+  if scheme != "gs":
+    raise ValueError(f"--out {out}: {scheme}:// run folders are not supported; use a gs:// "
+                     "URL or a local (or mounted) path.")
+  bucket, _, path = rest.partition("/")
+  if not bucket or not path.strip("/"):
+    raise ValueError(f"--out {out}: give a folder inside the bucket, gs://BUCKET/PATH.")
+  if not any(importlib.util.find_spec(m) for m in ("gcsfs", "tensorflow")):
+    raise ValueError(f"--out {out}: gs:// needs gcsfs (epath's filesystem for buckets): "
+                     "pip install 'mpx[gcs]'.")
+
+
+def staging_dir(out: str) -> pathlib.Path:
+  """The local folder a URL run's files are written to before they are uploaded:
+  $MPX_STAGING_DIR (default ~/.cache/mpx/staging) / the URL's bucket and path, plus a
+  hash of the URL so that two URLs never share one."""
+  base = pathlib.Path(os.environ.get(STAGING_ENV) or
+                      pathlib.Path.home() / ".cache" / "mpx" / "staging")
+  digest = hashlib.sha256(out.encode()).hexdigest()[:8]
+  return base / f"{out.partition('://')[2].strip('/').replace('/', '_')}-{digest}"
+
+
+def checkpoint_root(out: str | os.PathLike) -> epath.Path:
+  return epath.Path(out) / _CHECKPOINTS
+
+
+def _files(root: epath.Path, skip_top: str) -> list[str]:
+  """Relative paths of the files under `root`, leaving out the top-level `skip_top`."""
+  found, todo = [], [(root, "")]
+  while todo:
+    folder, rel = todo.pop()
+    for child in folder.iterdir() if folder.is_dir() else []:
+      name = f"{rel}{child.name}"
+      if name in (skip_top, _MANIFEST):
+        continue
+      if child.is_dir():
+        todo.append((child, name + "/"))
+      else:
+        found.append(name)
+  return sorted(found)
+
+
+def pull(out: str | os.PathLike, local: pathlib.Path) -> None:
+  """Makes `local` a copy of the URL's files (all but checkpoints/); nothing for a path."""
+  if not is_url(out):
+    return
+  shutil.rmtree(local, ignore_errors=True)
+  local.mkdir(parents=True)
+  root = epath.Path(out)
+  for rel in _files(root, _CHECKPOINTS):
+    (local / rel).parent.mkdir(parents=True, exist_ok=True)
+    (local / rel).write_bytes((root / rel).read_bytes())
+  _write_manifest(local, _stats(local))
+
+
+def _stats(local: pathlib.Path) -> dict[str, list[int]]:
+  return {rel: [(local / rel).stat().st_size, (local / rel).stat().st_mtime_ns]
+          for rel in _files(epath.Path(local), _CHECKPOINTS)}
+
+
+def _write_manifest(local: pathlib.Path, stats: dict) -> None:
+  (local / _MANIFEST).write_text(json.dumps(stats))
+
+
+def push(local: str | os.PathLike, out: str | os.PathLike) -> list[str]:
+  """Uploads the files of `local` that changed since the last push (size or mtime) to
+  the URL `out`; returns their relative paths. Nothing for a path."""
+  if not is_url(out):
+    return []
+  local = pathlib.Path(local)
+  manifest = local / _MANIFEST
+  pushed = json.loads(manifest.read_text()) if manifest.is_file() else {}
+  stats = _stats(local)
+  changed = [rel for rel, stat in stats.items() if pushed.get(rel) != stat]
+  root = epath.Path(out)
+  for rel in changed:
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_bytes((local / rel).read_bytes())
+  _write_manifest(local, stats)
+  return changed

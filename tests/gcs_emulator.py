@@ -1,0 +1,62 @@
+"""A GCS emulator in this process (gcp-storage-emulator) for the gs:// run-folder tests.
+
+Orbax writes checkpoints through tensorstore's gcs driver (pointed at the emulator by
+TENSORSTORE_GCS_HTTP_URL, with a fixed test token) and epath the other files through
+gcsfs (STORAGE_EMULATOR_HOST): the two routes a real bucket takes. Use as a fixture:
+`bucket` (registered in conftest.py) gives the URL gs://mpx-test (module scope).
+"""
+
+import os
+import socket
+from http import HTTPStatus
+
+import pytest
+
+from mpx.sweep import run_folder
+
+BUCKET = "mpx-test"
+
+
+def _object_reads_say_their_generation():
+  """The emulator's object reads omit the x-goog-generation header GCS sends; tensorstore
+  reads it when OCDBT re-reads a manifest it wrote ("Malformed StorageGeneration" without
+  it). Every object GET of the emulator's routes gets the header."""
+  from gcp_storage_emulator import server as emulator
+
+  def with_generation(handler):
+    def read(request, response, storage, *args, **kwargs):
+      handler(request, response, storage, *args, **kwargs)
+      if response.status == HTTPStatus.OK and "object_id" in request.params:
+        obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+        response["x-goog-generation"] = str(obj["generation"])
+        response["x-goog-metageneration"] = str(obj["metageneration"])
+    read.adds_generation = True
+    return read
+
+  for _, handlers in emulator.HANDLERS:
+    get = handlers.get(emulator.GET)
+    if get is not None and not getattr(get, "adds_generation", False):
+      handlers[emulator.GET] = with_generation(get)
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory):
+  from gcp_storage_emulator.server import create_server
+  _object_reads_say_their_generation()
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  server = create_server("localhost", port, in_memory=True, default_bucket=BUCKET)
+  server.start()
+  url = f"http://localhost:{port}"
+  env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
+         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
+         run_folder.STAGING_ENV: str(tmp_path_factory.mktemp("staging"))}
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  try:
+    yield f"gs://{BUCKET}"
+  finally:
+    for k, v in saved.items():
+      os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    server.stop()
