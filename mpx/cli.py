@@ -76,6 +76,10 @@ def _run_command(args) -> int:
 
 def _plot_command(args) -> int:
   from mpx import plotting
+  if "://" in args.run_dir:
+    raise ValueError(f"{args.run_dir} is a URL; `mpx plot` reads a local folder: copy it "
+                     f"first (gcloud storage cp --recursive {args.run_dir} runs/). `mpx run` "
+                     "already drew the plots into the bucket.")
   print(f"wrote {_plots_line(plotting.plot_run(args.run_dir), args.run_dir)}")
   return 0
 

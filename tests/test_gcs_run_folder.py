@@ -50,3 +50,9 @@ def test_unsupported_urls_are_refused_naming_the_fix(out, message, capsys):
   with pytest.raises(SystemExit) as exit_info:
     cli.main(["run", TOY, "--out", out])
   assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_plot_of_a_url_says_to_copy_it_first(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["plot", "gs://bucket/runs/x"])
+  assert exit_info.value.code == 2 and "gcloud storage cp" in capsys.readouterr().err
