@@ -41,7 +41,7 @@ def progress(run_dir: pathlib.Path) -> dict[str, tuple[int, int]]:
   if (run_dir / report.METRICS_FILE).exists():
     for r in report.read_metrics(run_dir):
       members[r["group"]].add(r["member"])
-  steps = run_lib.completed_steps(run_dir)
+  steps = run_lib.completed_steps(run_dir / "checkpoints")
   return {g: (len(members[g]), steps.get(g, 0)) for g in sorted(set(members) | set(steps))}
 
 
