@@ -332,20 +332,20 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     raise ValueError("--out is empty; give a run folder, or leave --out out for "
                      f"runs/{experiment.NAME}-{preset}.")
   out = os.fspath(out_dir)
+  url = run_folder.is_url(out)
+  if url:
+    run_folder.check_url(out)
   root = epath.Path(out)  # The run folder as named; checks read it, checkpoints go there.
   checkpoints = run_folder.checkpoint_root(out)
-  if run_folder.is_url(out):
-    run_folder.check_url(out)
-    run_dir = run_folder.staging_dir(out)  # Process 0's files, uploaded by run_folder.push.
-  else:
-    run_dir = pathlib.Path(out)
+  # Where process 0 writes the other files: the folder itself, or a URL's staging folder.
+  run_dir = run_folder.staging_dir(out) if url else pathlib.Path(out)
   saved_config = {"experiment": experiment.NAME, "preset": preset,
                   "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
   if variants[0][0]:  # An architecture sweep: the first variant's config and the values.
     saved_config["sweep"] = {k: [labels[k] for labels, _ in variants] for k in variants[0][0]}
   # Every check comes before the first write: a refused run leaves the folder as it was.
   # All processes check (each must refuse alike); process 0 alone writes, then all wait.
-  if not run_folder.is_url(out):
+  if not url:
     _check_run_dir(run_dir)
   primary = distributed.is_primary()
   if resume:
@@ -364,7 +364,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   distributed.barrier("mpx-run-checked")
   mesh = engine.member_mesh(devices)
   if primary:
-    staged = f" (files staged in {run_dir})" if run_folder.is_url(out) else ""
+    staged = f" (files staged in {run_dir})" if url else ""
     print(f"mpx run {experiment.NAME} --preset {preset} → {out}{staged} "
           f"({jax.device_count()} {jax.default_backend()} device(s))", file=sys.stderr)
   groups = [labelled(group, labels) for labels, variant in variants
@@ -378,7 +378,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   final = []
   writer = report.MetricsWriter(run_dir, keep=keep) if primary else _NullWriter()
   push = (lambda: run_folder.push(run_dir, out)) if primary else (lambda: None)
-  dirs = {"run_dir": out if run_folder.is_url(out) else str(run_dir), "local_dir": str(run_dir)}
+  dirs = {"run_dir": out if url else str(run_dir), "local_dir": str(run_dir)}
   with writer, _SigtermFlag() as sigterm:
     for group in groups:
       final += train_group(group, cfg, checkpoints, writer=writer, saved_config=saved_config,
