@@ -90,8 +90,8 @@ def pull(out: str | os.PathLike, local: pathlib.Path) -> None:
 
 
 def _stats(local: pathlib.Path) -> dict[str, list[int]]:
-  return {rel: [(local / rel).stat().st_size, (local / rel).stat().st_mtime_ns]
-          for rel in _files(epath.Path(local), _CHECKPOINTS)}
+  stats = {rel: (local / rel).stat() for rel in _files(epath.Path(local), _CHECKPOINTS)}
+  return {rel: [st.st_size, st.st_mtime_ns] for rel, st in stats.items()}
 
 
 def _write_manifest(local: pathlib.Path, stats: dict) -> None:
