@@ -3,7 +3,8 @@
 The paper's claim is about persistence: a QK prior is overwritten, a mask prior stays.
 These pure functions measure it per layer on one member's params, so every scheme is
 compared on the same quantities:
-  drift      ‖θ_t − θ_0‖ / ‖θ_0‖ of the mask and of the query/key kernels;
+  drift      ‖θ_t − θ_0‖ / ‖θ_0‖ of the mask (over its entries not at the frozen neutral
+             logit; null when it has none) and of the query/key kernels;
   fidelity   attention mass on the prior's allowed pairs, on a fixed probe batch that
              represents the data (both GOTU domains, in proportion);
   grad norms of the mask and of the query/key kernels (Theorem 1: the mask's gradient is
@@ -21,6 +22,7 @@ import numpy as np
 from flax import traverse_util
 
 from mpx.attention import MASK_LEAF
+from mpx.priors import NEUTRAL_LOGIT
 
 PyTree = Any
 TRACKED = {"mask": (MASK_LEAF,), "query": ("query", "kernel"), "key": ("key", "kernel")}
@@ -37,10 +39,24 @@ def _layer_leaves(params: PyTree) -> dict[str, dict[str, jax.Array]]:
   return layers
 
 
+def _relative_change(leaf: jax.Array, start: jax.Array) -> jax.Array:
+  return jnp.linalg.norm(leaf - start) / jnp.maximum(jnp.linalg.norm(start), 1e-12)
+
+
+def _mask_drift(leaf: jax.Array, start: jax.Array) -> jax.Array:
+  """‖M − M₀‖ / ‖M₀‖ over the entries that can move: those not at the frozen neutral logit
+  (their gradient is σ(−200) = 0, and at 200 each they would swamp ‖M₀‖). NaN (reported
+  as null) when no entry can move."""
+  movable = start != NEUTRAL_LOGIT
+  change = jnp.linalg.norm(jnp.where(movable, leaf - start, 0.0))
+  scale = jnp.maximum(jnp.linalg.norm(jnp.where(movable, start, 0.0)), 1e-12)
+  return jnp.where(jnp.any(movable), change / scale, jnp.nan)
+
+
 def _drift(params: PyTree, initial: PyTree) -> dict[str, dict[str, jax.Array]]:
   now, start = _layer_leaves(params), _layer_leaves(initial)
-  return {layer: {name: jnp.linalg.norm(leaf - start[layer][name]) /
-                  jnp.maximum(jnp.linalg.norm(start[layer][name]), 1e-12)
+  return {layer: {name: (_mask_drift if name == "mask" else _relative_change)(
+                      leaf, start[layer][name])
                   for name, leaf in leaves.items()}
           for layer, leaves in now.items()}
 
@@ -66,12 +82,19 @@ def _mass_per_example(weights_BHNN: jax.Array, allowed: jax.Array,
   return jnp.sum(jnp.where(rows, mass_BHN, 0.0), axis=(-2, -1)) / jnp.sum(rows, axis=(-2, -1))
 
 
+def _float_or_none(x) -> float | None:
+  """A host float; None for NaN, what a drift over no movable entry is."""
+  x = float(x)
+  return None if np.isnan(x) else x
+
+
 def _to_floats(tree) -> Any:
-  return jax.tree_util.tree_map(float, jax.device_get(tree))
+  return jax.tree_util.tree_map(_float_or_none, jax.device_get(tree))
 
 
 def relative_drift(params: PyTree, initial: PyTree) -> dict[str, dict[str, float]]:
-  """Per layer: ‖θ − θ_0‖ / ‖θ_0‖ of the mask and the query/key kernels."""
+  """Per layer: ‖θ − θ_0‖ / ‖θ_0‖ of the mask (its movable entries; None if none) and
+  the query/key kernels."""
   return _to_floats(_drift(params, initial))
 
 
@@ -157,7 +180,7 @@ def persistence_metrics(apply_fn: Callable, loss_fn: Callable, params: PyTree,
       query_rows))
   out = {}
   for layer in drift:
-    out[layer] = {f"drift_{k}": float(v) for k, v in drift[layer].items()}
+    out[layer] = {f"drift_{k}": _float_or_none(v) for k, v in drift[layer].items()}
     out[layer] |= {f"grad_norm_{k}": float(v) for k, v in grads.get(layer, {}).items()}
     if layer in mass:
       out[layer]["fidelity"] = float(mass[layer].mean())
@@ -176,8 +199,11 @@ def layer_means(layers: Mapping[str, Mapping[str, Any]],
                 fidelity_keys: Sequence[str] = ("fidelity",)) -> dict[str, float]:
   """`persistence_metrics`' per-layer values as the flat metrics of a summary table: the
   mean over layers of each of `fidelity_keys`, `drift_qk` (of W_Q and W_K together) and,
-  where the layers have a mask, `drift_mask`."""
-  mean = lambda key: float(np.mean([v[key] for v in layers.values() if key in v]))
+  where the layers have a mask, `drift_mask` over the layers whose mask can move (None
+  when none can)."""
+  def mean(key):
+    values = [v[key] for v in layers.values() if v.get(key) is not None]
+    return float(np.mean(values)) if values else None
   out = {key: mean(key) for key in fidelity_keys}
   out["drift_qk"] = float(np.mean([mean("drift_query"), mean("drift_key")]))
   if any("drift_mask" in v for v in layers.values()):

@@ -67,7 +67,7 @@ def test_gradient_norms_match_jax_grad():
       g["key"]["kernel"] ** 2))), rel=1e-6)
   metrics = diagnostics.persistence_metrics(model.apply, loss, params, params, (_tokens(),),
                                             batch, priors.parity_prior(N_BITS) > 0)
-  assert metrics["block_0"]["drift_mask"] == 0.0
+  assert metrics["block_0"]["drift_mask"] == 0.0  # ±3 everywhere: every entry can move.
   assert metrics["block_1"]["grad_norm_mask"] == pytest.approx(norms["block_1"]["mask"])
   assert 0.0 < metrics["block_0"]["fidelity"] <= 1.0
 
@@ -84,3 +84,35 @@ def test_mean_attention_map_averages_batch_and_heads():
   chex.assert_shape(mean, (5, 5))
   np.testing.assert_allclose(mean, np.asarray(weights).mean((0, 1)), atol=1e-6)
   np.testing.assert_allclose(mean.sum(-1), 1.0, atol=1e-5)
+
+
+def test_mask_drift_counts_only_entries_off_the_neutral_logit():
+  """An ALiBi-like causal prior stores the diagonal and the future at the neutral logit
+  (zero gradient); they must not enter ‖M₀‖, or the drift is understated many times."""
+  model = _model(None)
+  params = model.init(jax.random.key(5), _tokens())["params"]
+  n = N_BITS + 1
+  prior = jnp.where(jnp.tril(jnp.ones((n, n), bool), -1),
+                    -jnp.arange(n)[:, None] + jnp.arange(n)[None, :] - 1.0,
+                    priors.NEUTRAL_LOGIT)
+  prior = priors.repeat_heads(prior, 2)
+  start = jax.tree_util.tree_map_with_path(
+      lambda path, p: prior if path[-1].key == "mask_logits" else p, params)
+  moved = jax.tree_util.tree_map_with_path(   # Every movable entry shifted by 0.5.
+      lambda path, p: jnp.where(p != priors.NEUTRAL_LOGIT, p + 0.5, p)
+      if path[-1].key == "mask_logits" else p, start)
+  below = np.asarray(prior)[np.asarray(prior) != priors.NEUTRAL_LOGIT]
+  expected = 0.5 * np.sqrt(below.size) / np.linalg.norm(below)
+  drift = diagnostics.relative_drift(moved, start)
+  assert drift["block_0"]["mask"] == pytest.approx(expected, rel=1e-5)
+  # Neutral everywhere: nothing can move, so no drift is reported (None, not 0).
+  neutral = diagnostics.relative_drift(params, params)
+  assert neutral["block_0"]["mask"] is None and neutral["block_0"]["query"] == 0.0
+  means = diagnostics.layer_means({"block_0": {"fidelity": 1.0, "drift_mask": None,
+                                               "drift_query": 0.1, "drift_key": 0.3},
+                                   "block_1": {"fidelity": 0.5, "drift_mask": 0.4,
+                                               "drift_query": 0.1, "drift_key": 0.3}})
+  assert means["drift_mask"] == pytest.approx(0.4) and means["drift_qk"] == pytest.approx(0.2)
+  assert diagnostics.layer_means({"b": {"fidelity": 1.0, "drift_mask": None,
+                                        "drift_query": 0.1, "drift_key": 0.1}}
+                                 )["drift_mask"] is None
