@@ -66,7 +66,8 @@ import numpy as np
 from mpx import report as report_lib
 from mpx.experiments.boolean_gotu import METRICS as GOTU_METRICS
 from mpx.experiments.boolean_gotu import PRESETS as GOTU_PRESETS
-from mpx.experiments.boolean_gotu import Config, build_groups  # noqa: F401 (the experiment's)
+from mpx.experiments.boolean_gotu import (Config, build_groups,  # noqa: F401 (the experiment's)
+                                          fingerprint)
 from mpx.tasks import boolean
 
 NAME = "boolean_coverage"  # `mpx run boolean_coverage`; also as mpx.experiments.boolean_coverage.

@@ -104,6 +104,39 @@ def test_refused_fresh_run_leaves_the_run_folder_unchanged(uninterrupted, tmp_pa
       pathlib.Path("config.json")])
 
 
+def test_a_run_that_fails_at_start_does_not_block_its_corrected_rerun(uninterrupted,
+                                                                      tmp_path, capsys):
+  out = tmp_path / "failed"
+  with pytest.raises(SystemExit):
+    cli.main(["run", TOY, "--out", str(out), "--set", "fail_to_train=true"])
+  assert "cannot be traced" in capsys.readouterr().err
+  # What it left: its config, the step-0 evaluation and the groups' checkpoint folders.
+  assert {r["step"] for r in report.read_metrics(out)} == {0}
+  assert (out / "checkpoints" / "toy_a").is_dir()
+  with pytest.raises(SystemExit):  # --resume is refused, naming the way out.
+    cli.main(["run", TOY, "--out", str(out), "--resume"])
+  err = capsys.readouterr().err
+  assert "fail_to_train" in err and "never completed a step" in err and "without --resume" in err
+  assert cli.main(["run", TOY, "--out", str(out)]) == 0
+  assert (out / "metrics.jsonl").read_bytes() == (uninterrupted / "metrics.jsonl").read_bytes()
+  saved = json.loads((out / "config.json").read_text())
+  assert saved["config"]["fail_to_train"] is False
+
+
+def test_config_records_the_command_but_resume_compares_only_the_config(uninterrupted,
+                                                                        tmp_path, capsys):
+  saved = json.loads((uninterrupted / "config.json").read_text())
+  assert saved["run"] == {"command": f"mpx run {TOY} --preset default --out {uninterrupted}",
+                          "experiment_file": TOY}
+  out = tmp_path / "older"
+  shutil.copytree(uninterrupted, out)
+  # A folder written before the command was recorded, resumed from another spelling of it.
+  del saved["run"]
+  (out / "config.json").write_text(json.dumps(saved))
+  assert cli.main(["run", TOY, "--out", str(out) + "/", "--resume"]) == 0
+  assert "--resume" in capsys.readouterr().err.splitlines()[0]
+
+
 def test_resume_checks_the_config_stored_with_the_checkpoints(uninterrupted, tmp_path,
                                                               capsys):
   out = tmp_path / "tampered"

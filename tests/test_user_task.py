@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mpx.experiments.boolean_gotu as gotu
-from mpx import priors
+from mpx import cli, priors
 from mpx.sweep import config as config_lib
 from mpx.tasks import boolean
 
@@ -77,3 +77,36 @@ def test_an_experiment_file_of_ones_own_loads(tmp_path):
   _, config = config_lib.make_config(experiment, "quick", ["tasks=parity3b"])
   assert config.tasks == ("parity3b",)
   assert [g.name for g in experiment.build_groups(config)] == ["parity3b"]
+
+
+def test_a_run_of_ones_own_file_records_it_and_refuses_a_changed_task(tmp_path, monkeypatch,
+                                                                     capsys):
+  """Its folder is named after the file, not the star-imported experiment; config.json
+  holds the command that reproduces it and each task's fingerprint, so a resume after
+  the task's definition changed is refused."""
+  source = ("from mpx.experiments.boolean_gotu import *\n"
+            "from mpx.tasks import boolean\n"
+            "boolean.register_task(boolean.make_task(\n"
+            "    'mine', target=lambda x: {target}, seen=lambda x: x[:, 0] > 0, n_bits=6,\n"
+            "    support=(0, 1)))\n")
+  path = tmp_path / "my_tasks.py"
+  path.write_text(source.format(target="x[:, 0] * x[:, 1]"))
+  monkeypatch.chdir(tmp_path)
+  args = ["run", str(path), "--preset", "tiny", "--set", "tasks=mine", "--set", "batch_size=8",
+          "--set", "probe_size=16"]
+  assert cli.main(args) == 0
+  out = tmp_path / "runs" / "my_tasks-tiny"
+  saved = json.loads((out / "config.json").read_text())
+  assert saved["experiment"] == "boolean_gotu"
+  assert saved["run"] == {"experiment_file": str(path), "command": (
+      f"mpx run {path} --preset tiny --set tasks=mine --set batch_size=8 --set probe_size=16 "
+      "--out "
+      "runs/my_tasks-tiny")}
+  assert capsys.readouterr().err.startswith(saved["run"]["command"])
+  assert saved["fingerprint"]["mine"]["support"] == [0, 1]
+  assert saved["fingerprint"]["mine"]["seen"] == 32
+  assert cli.main(args + ["--resume"]) == 0     # Unchanged: resumes (at its end).
+  path.write_text(source.format(target="x[:, 1]"))
+  with pytest.raises(SystemExit):
+    cli.main(args + ["--resume"])
+  assert "fingerprint.mine" in capsys.readouterr().err

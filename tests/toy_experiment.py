@@ -24,10 +24,15 @@ class Config(SweepConfig):
   bad_learning_rate: float | None = None   # Gives seed 1's mask member this lr.
   schemes: tuple[str, ...] = ("mask", "default")
   data: str = "device"   # Or "stream": a generated regression stream fed from the host.
+  fail_to_train: bool = False  # The loss raises when traced: a run that fails at start.
 
 
 PRESETS = {"default": dict(seeds=2, chunk_steps=2, eval_every=4, checkpoint_every=2),
            "slow": dict(seeds=2, chunk_steps=2, eval_every=4, checkpoint_every=2, steps=200)}
+
+
+def _unusable_loss(params, batch, key):
+  raise ValueError("this loss cannot be traced (fail_to_train=true)")
 
 
 def build_groups(config):
@@ -41,6 +46,7 @@ def build_groups(config):
           lr = config.bad_learning_rate
         members.append(fx.member(seed + (name == "toy_b") * 10, scheme, lr=lr))
     data = Stream(fx.regression_stream, seed=len(groups)) if config.data == "stream" else None
+    task = dataclasses.replace(fx.TASK, loss=_unusable_loss) if config.fail_to_train else fx.TASK
     groups.append(fx.group(members, steps=config.steps, sampling="epoch", name=name,
-                           data=data))
+                           data=data, task=task))
   return groups

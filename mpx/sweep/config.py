@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import itertools
 import pathlib
+import shlex
 import sys
 import types
 import typing
@@ -182,3 +183,30 @@ def load_experiment(name_or_path: str) -> types.ModuleType:
     raise ValueError(f"{path} is not an mpx experiment: it lacks {missing}.")
   module.NAME = getattr(module, "NAME", path.stem)
   return module
+
+
+def experiment_stem(experiment: types.ModuleType) -> str:
+  """The experiment's file name without `.py` (its NAME for one not loaded from a file):
+  a user's file that star-imports a built-in experiment keeps a name of its own."""
+  file = getattr(experiment, "__file__", None)
+  return pathlib.Path(file).stem if file else experiment.NAME
+
+
+def _experiment_argument(experiment: types.ModuleType) -> str:
+  """What `mpx run` needs to load this experiment again: its name where the name finds
+  this very file, else the file's path."""
+  file = getattr(experiment, "__file__", None)
+  if file is None:
+    return experiment.NAME
+  path = pathlib.Path(file).resolve()
+  found = next((c for d in experiment_dirs() if (c := d / f"{path.stem}.py").exists()), None)
+  return path.stem if found is not None and found.resolve() == path else str(path)
+
+
+def command_line(experiment: types.ModuleType, preset: str, overrides: Sequence[str],
+                 out: str) -> str:
+  """The `mpx run` command that reproduces a run, its defaults spelled out."""
+  words = ["mpx", "run", _experiment_argument(experiment), "--preset", preset]
+  for assignment in overrides:
+    words += ["--set", assignment]
+  return shlex.join(words + ["--out", out])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
@@ -230,6 +231,18 @@ def get_task(name: str) -> BooleanTask:
   return _builtin_task(name)
 
 
+def fingerprint(task: BooleanTask) -> dict:
+  """What a run of `task` depends on, comparable across sessions: its bits, support,
+  protocol, seen count and a hash of the target and the seen domain on the whole cube (a
+  registered task whose definition changed must not resume a run of the old one)."""
+  _, y_P, seen_P = _cube_data(task)
+  digest = hashlib.sha256(y_P.tobytes() + seen_P.tobytes()).hexdigest()[:16]
+  return {"n_bits": task.n_bits, "support": list(task.support),
+          "interaction_groups": [list(g) for g in task.interaction_groups],
+          "protocol": task.protocol, "train_size": task.train_size,
+          "seen": int(seen_P.sum()), "cube_sha256": digest}
+
+
 # ----------------------------------------------------------------------------------------------
 # Data.
 
@@ -290,7 +303,7 @@ def probe_points(task: BooleanTask, size: int = 128, seed: int = 0
   if not 0 < n_seen < size or n_seen > seen_P.sum() or size - n_seen > (~seen_P).sum():
     raise ValueError(f"a probe of {size} points cannot hold both domains of {task.name} "
                      f"({int(seen_P.sum())} seen, {int((~seen_P).sum())} unseen points); "
-                     "choose another size.")
+                     "choose another size (the config's probe_size).")
   rng = np.random.default_rng(seed)
   rows = np.concatenate([rng.choice(np.flatnonzero(seen_P), n_seen, replace=False),
                          rng.choice(np.flatnonzero(~seen_P), size - n_seen, replace=False)])

@@ -280,6 +280,12 @@ def make_model(config: Config) -> TokenTransformer:
                           implementation=config.attention)
 
 
+def fingerprint(config: Config) -> dict:
+  """Each task's definition (`boolean.fingerprint`): `mpx run --resume` refuses a run
+  whose task changed under the same name."""
+  return {task: boolean.fingerprint(boolean.get_task(task)) for task in config.tasks}
+
+
 def members(config: Config, task: str) -> list[engine.Member]:
   """The member grid of one task: every scheme label (mask designs expanded) × seed."""
   lr = config.learning_rate if config.learning_rate is not None else TASK_PROTOCOL[task][0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 from mpx import schemes as schemes_lib
@@ -56,6 +57,13 @@ class PriorConfig(SweepConfig):
     for name in ("width", "depth", "num_heads", "head_dim", "mlp_dim", "batch_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
+    # Checked here, not where a scheme first uses them, so the message names the key.
+    if not (math.isfinite(self.mask_strength) and self.mask_strength > 0):
+      raise ValueError(f"mask_strength={self.mask_strength} must be a finite number > 0 "
+                       "(the prior's ±a).")
+    for name in ("weight_decay", "mask_lr_multiplier"):
+      if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+        raise ValueError(f"{name}={getattr(self, name)} must be a finite number >= 0.")
     outside = [i for i in self.mask_layers or () if not 0 <= i < self.depth]
     if outside:
       raise ValueError(f"mask_layers {outside} are not layers of a depth-{self.depth} "
