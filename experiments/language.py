@@ -13,10 +13,11 @@ Schemes: default (learned absolute positions), alibi (ALiBi as a fixed bias, no 
 positions), mask (ALiBi's causal distance bias as a learnable mask prior, `M = logit(e^(−m_h
 (i−j)))`, slopes 2^(−8h/H), with learned positions), mask_nopos (the same prior without
 absolute positions). Data: `mpx.tasks.text` reads WikiText-2 (`wikitext-2-raw-v1`,
-`wiki.{train,valid,test}.raw`) and TinyStories (`TinyStoriesV2-GPT4-{train,valid}.txt`,
-the JSON shards, or a Hugging Face hub cache) from `data_dir`; a missing dataset prints
-where to get it. Nothing is downloaded at run time. The family code is
-`mpx.tasks.language`; this file is the record.
+`wiki.{train,valid,test}.raw`) and TinyStories from `data_dir`: the paper's V1
+(`TinyStories-{train,valid}.txt` or the Hugging Face hub's parquet files; `--set
+dataset=tinystories_v2` reads V2, `tinystories_all` the JSON shards); a missing dataset
+prints where to get it. Nothing is downloaded at run time; config.json records the files
+read (`fingerprint`). The family code is `mpx.tasks.language`; this file is the record.
 
 Size: the tinystories preset is 6 layers × 288 wide (llama2.c's 15M model's width and
 depth) with a 4,096-token BPE and tied embeddings, about 7.2M weights (masks excluded);
@@ -26,7 +27,7 @@ loss, which is not comparable across tokenizers: compare bits per byte.
 
 from __future__ import annotations
 
-from mpx.tasks import language
+from mpx.tasks import language, text
 from mpx.tasks.language import Config
 
 NAME = "language"  # `mpx run language`; also when imported as mpx.experiments.language.
@@ -76,6 +77,13 @@ def build_groups(config: Config):
 def history_metrics(config: Config, history):
   """A member's metrics from its evaluation history: the steps to the target."""
   return language.steps_to_target(history, config.target_perplexity)
+
+
+def fingerprint(config: Config) -> dict:
+  """The data files the run reads, `{split: {file: bytes}}`: config.json records them, and
+  a resume that would read other files is refused."""
+  return {"data_files": text.data_files(config.dataset, ("train", "validation"),
+                                        config.data_dir)}
 
 
 def save_run_files(config: Config, run_dir):

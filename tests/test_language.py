@@ -15,7 +15,7 @@ import pytest
 from mpx import attention, cli, priors, schemes
 from mpx.nn import causal_decoder
 from mpx.sweep import config as config_lib
-from mpx.sweep import run
+from mpx.sweep import engine, run
 from mpx.tasks import language, text
 
 EXPERIMENT = config_lib.load_experiment("language")
@@ -46,6 +46,29 @@ def test_alibi_prior_has_the_per_head_slopes():
       np.testing.assert_allclose(bias_HNN[h][below], -slopes[h] * distance[below],
                                  rtol=1e-4, atol=1e-6)
   assert np.all(np.diff(slopes) < 0)  # Head 1 is the steepest.
+
+
+# The tiny preset's training loss per step, members [default, alibi, mask, mask_nopos]:
+# step 0 is init and loss, steps 1 and 2 follow the first updates (warmup gives step 0 a
+# learning rate of 0). Recorded once; a change in init, batching, loss or optimizer moves
+# them. rtol: float reassociation only (LLVM -O0, as the tests compile, and the default
+# differ by < 4e-7).
+GOLDEN_LOSSES = [
+    [5.555908203125, 5.551442623138428, 5.55451774597168, 5.551442623138428],
+    [5.5615129470825195, 5.559355735778809, 5.56168794631958, 5.559355735778809],
+    [5.539806842803955, 5.53622579574585, 5.539163589477539, 5.536223888397217]]
+
+
+def test_first_steps_match_the_golden_losses():
+  (group,) = EXPERIMENT.build_groups(TINY)
+  assert [m.scheme for m in group.members] == ["default", "alibi", "mask", "mask_nopos"]
+  state, hparams, data = engine.place(group, engine.init_state(group), None)
+  chunk = engine.make_train_chunk(group, 1)
+  losses = []
+  for _ in range(3):
+    state, out = chunk(state, hparams, data)
+    losses.append(np.asarray(out["train_loss"]))
+  np.testing.assert_allclose(losses, GOLDEN_LOSSES, rtol=2e-6)
 
 
 @pytest.mark.parametrize("scheme", schemes.LANGUAGE_SCHEMES)
@@ -143,8 +166,9 @@ def test_bad_config_names_the_fix():
 
 def test_run_saves_its_bpe_and_reports_steps_to_target(tmp_path, capsys):
   """A BPE run end to end: the tokenizer is in the run folder, the table names it, the
-  summary has perplexity and steps_to_target; a resume refuses a BPE that no longer
-  matches the one trained from the data (before any training)."""
+  summary has perplexity and steps_to_target, config.json the data files read; a resume
+  refuses a BPE that no longer matches the one trained from the data (before any
+  training)."""
   out = tmp_path / "run"
   sets = ["tokenizer=bpe", "vocab_size=300", "schemes=default,mask"]
   args = ["run", "language", "--preset", "tiny", "--out", str(out)]
@@ -160,6 +184,8 @@ def test_run_saves_its_bpe_and_reports_steps_to_target(tmp_path, capsys):
     assert 1 < m["metrics"]["perplexity"] < 300
     assert m["metrics"]["steps_to_target"] in (0, 4, 8)  # tiny's target: reachable.
   assert "| kjv-bpe300 | mask |" in (out / "summary.md").read_text()
+  recorded = json.loads((out / "config.json").read_text())["fingerprint"]["data_files"]
+  assert recorded == text.data_files("kjv", ("train", "validation"))
   other = text.train_bpe(["an entirely different corpus " * 50], 300)
   other.save(out / language.TOKENIZER_DIR)
   with pytest.raises(SystemExit):  # The run's BPE no longer matches what it trains on.
@@ -191,20 +217,29 @@ def _write_wikitext(root, rng):
 
 
 def _write_tinystories(root, rng):
-  for split, stories in (("train", 600), ("valid", 60)):
-    text = "\n<|endoftext|>\n".join(f"Once upon a time {_words(rng, 50)}." for _ in range(stories))
-    (root / f"TinyStoriesV2-GPT4-{split}.txt").write_text(text + "\n", encoding="utf-8")
+  """The paper's V1 beside V2 (other stories): the preset reads V1."""
+  for version in ("TinyStories", "TinyStoriesV2-GPT4"):
+    for split, stories in (("train", 600), ("valid", 60)):
+      text = "\n<|endoftext|>\n".join(f"Once upon a time {_words(rng, 50)}."
+                                      for _ in range(stories))
+      (root / f"{version}-{split}.txt").write_text(text + "\n", encoding="utf-8")
 
 
-@pytest.mark.parametrize("preset, write, trains", [("wikitext2", _write_wikitext, True),
-                                                  ("tinystories", _write_tinystories, False)])
-def test_paper_presets_build_and_train_on_generated_files(tmp_path, preset, write, trains):
+@pytest.mark.parametrize("preset, write, trains, files", [
+    ("wikitext2", _write_wikitext, True, ("wiki.train.raw", "wiki.valid.raw")),
+    ("tinystories", _write_tinystories, False,
+     ("TinyStories-train.txt", "TinyStories-valid.txt"))])
+def test_paper_presets_build_and_train_on_generated_files(tmp_path, preset, write, trains,
+                                                          files):
   """The preset as shipped builds its group on files in the published format (BPE
-  trained on the training split, 257-token windows); the same data trains a step (once:
-  past the reader, both presets run the same code)."""
+  trained on the training split, 257-token windows) and records the files it reads; the
+  same data trains a step (once: past the reader, both presets run the same code)."""
   write(tmp_path, np.random.default_rng(0))
   config = dataclasses.replace(language.Config(**EXPERIMENT.PRESETS[preset]),
                                data_dir=str(tmp_path))
+  assert EXPERIMENT.fingerprint(config) == {"data_files": {
+      split: {name: (tmp_path / name).stat().st_size}
+      for split, name in zip(("train", "validation"), files)}}
   (group,) = EXPERIMENT.build_groups(config)
   tokenizer = language.tokenizer_for(config)
   assert isinstance(tokenizer, text.BpeTokenizer)

@@ -146,17 +146,24 @@ def _story_file(stories: list[str]) -> str:
   return "".join(f"{story}\n<|endoftext|>\n" for story in stories)
 
 
-@pytest.mark.parametrize("names", [
-    ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt"),
-    ("TinyStories-train.txt", "TinyStories-valid.txt")])
-def test_tinystories_text_files(tmp_path, names):
+V1 = ("TinyStories-train.txt", "TinyStories-valid.txt")
+V2 = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
+
+
+def _write_stories(folder: Path, names, stories=STORIES) -> None:
+  for name, split in zip(names, ("train", "validation")):
+    (folder / name).write_text(_story_file(stories[split]), encoding="utf-8")
+
+
+@pytest.mark.parametrize("dataset, names", [("tinystories", V1), ("tinystories_v2", V2)])
+def test_tinystories_text_files(tmp_path, dataset, names):
   (tmp_path / names[0]).write_text(_story_file(STORIES["train"]), encoding="utf-8")
   # Blank padding and an empty story between separators: stripped and dropped.
   (tmp_path / names[1]).write_text(
       "\n" + _story_file(STORIES["validation"][:1]) + "\n<|endoftext|>\n  " +
       STORIES["validation"][1] + "\n\n", encoding="utf-8")
-  assert text.read_documents("tinystories", "train", data_dir=tmp_path) == STORIES["train"]
-  assert (text.read_documents("tinystories", "validation", data_dir=tmp_path) ==
+  assert text.read_documents(dataset, "train", data_dir=tmp_path) == STORIES["train"]
+  assert (text.read_documents(dataset, "validation", data_dir=tmp_path) ==
           STORIES["validation"])
 
 
@@ -169,10 +176,41 @@ def test_tinystories_text_file_read_in_chunks(tmp_path, monkeypatch):
           STORIES["train"])
 
 
-def test_tinystories_v2_comes_first(tmp_path):
-  (tmp_path / "TinyStories-valid.txt").write_text(_story_file(["old"]))
-  (tmp_path / "TinyStoriesV2-GPT4-valid.txt").write_text(_story_file(["new"]))
-  assert text.read_documents("tinystories", "validation", data_dir=tmp_path) == ["new"]
+def test_tinystories_is_the_papers_v1_where_v2_is_also_there(tmp_path):
+  """V1 and V2 side by side: `tinystories` reads V1, and records those files; V2 only
+  when named."""
+  v2 = {split: [f"{story} (V2)" for story in stories] for split, stories in STORIES.items()}
+  _write_stories(tmp_path, V1)
+  _write_stories(tmp_path, V2, v2)
+  for split in ("train", "validation"):
+    assert text.read_documents("tinystories", split, data_dir=tmp_path) == STORIES[split]
+    assert text.read_documents("tinystories_v2", split, data_dir=tmp_path) == v2[split]
+  size = lambda name: (tmp_path / name).stat().st_size
+  assert text.data_files("tinystories", ("train", "validation"), tmp_path) == {
+      "train": {V1[0]: size(V1[0])}, "validation": {V1[1]: size(V1[1])}}
+  assert text.data_files("tinystories_v2", ("validation",), tmp_path) == {
+      "validation": {V2[1]: size(V2[1])}}
+
+
+@pytest.mark.parametrize("dataset", ["tinystories", "tinystories_v2"])
+def test_tinystories_mixed_versions_are_refused(tmp_path, dataset):
+  """V2's train file beside V1's validation file: whichever version is asked for, and
+  whichever split, one line that names both files."""
+  (tmp_path / V2[0]).write_text(_story_file(STORIES["train"]), encoding="utf-8")
+  (tmp_path / V1[1]).write_text(_story_file(STORIES["validation"]), encoding="utf-8")
+  for split in ("train", "validation"):
+    with pytest.raises(ValueError) as raised:
+      text.read_documents(dataset, split, data_dir=tmp_path)
+    message = str(raised.value)
+    assert "\n" not in message and not isinstance(raised.value, text.DatasetUnavailable)
+    assert V2[0] in message and V1[1] in message and "--set dataset=" in message
+
+
+def test_tinystories_missing_version_names_the_one_there(tmp_path):
+  _write_stories(tmp_path, V2)
+  with pytest.raises(text.DatasetUnavailable, match="which holds tinystories_v2's "
+                     "TinyStoriesV2-GPT4-train.txt.*--preset tinystories --set data_dir"):
+    text.read_documents("tinystories", "train", data_dir=tmp_path)
 
 
 @pytest.mark.parametrize("sub", ["", "TinyStories_all_data"])
@@ -184,9 +222,14 @@ def test_tinystories_json_shards(tmp_path, sub):
   for name, stories in shards.items():
     records = [{"story": s + "\n", "instruction": {}, "source": "GPT-4"} for s in stories]
     (folder / name).write_text(json.dumps(records), encoding="utf-8")
-  assert text.read_documents("tinystories", "train", data_dir=tmp_path) == STORIES["train"]
-  assert (text.read_documents("tinystories", "validation", data_dir=tmp_path) ==
+  dataset = "tinystories_all"
+  assert text.read_documents(dataset, "train", data_dir=tmp_path) == STORIES["train"]
+  assert (text.read_documents(dataset, "validation", data_dir=tmp_path) ==
           STORIES["validation"])
+  assert list(text.data_files(dataset, ("train",), tmp_path)["train"]) == [
+      str(Path(sub) / "data01.json"), str(Path(sub) / "data02.json")]
+  with pytest.raises(text.DatasetUnavailable):  # The shards are not V1.
+    text.read_documents("tinystories", "train", data_dir=tmp_path)
 
 
 def test_tinystories_parquet(tmp_path):
@@ -197,6 +240,14 @@ def test_tinystories_parquet(tmp_path):
   assert text.read_documents("tinystories", "train", data_dir=tmp_path) == STORIES["train"]
   assert (text.read_documents("tinystories", "validation", data_dir=tmp_path) ==
           STORIES["validation"])
+  assert list(text.data_files("tinystories", ("train",), tmp_path)["train"]) == [
+      "snapshots/f54c09/data/train-00000-of-00002-aa.parquet",
+      "snapshots/f54c09/data/train-00001-of-00002-bb.parquet"]
+
+
+def test_data_files_of_the_embedded_kjv():
+  assert text.data_files("kjv", ("train", "test")) == {
+      split: {"kjv.txt.xz": KJV_FILE.stat().st_size} for split in ("train", "test")}
 
 
 # --------------------------------------------------------------------------- errors
@@ -206,10 +257,13 @@ def test_tinystories_parquet(tmp_path):
     ("wikitext2", "validation", ["wiki.valid.raw", "wikitext-2-raw/",
                                  "wikitext-2-raw-v1/validation-*.parquet",
                                  "Salesforce/wikitext", "--preset wikitext2"]),
-    ("tinystories", "train", ["TinyStoriesV2-GPT4-train.txt", "TinyStories-train.txt",
-                              "data01.json", "TinyStories_all_data",
-                              "data/train-*.parquet", "roneneldan/TinyStories",
-                              "--preset tinystories"]),
+    ("tinystories", "train", ["TinyStories-train.txt", "data/train-*.parquet",
+                              "roneneldan/TinyStories", "--preset tinystories",
+                              "tinystories_v2 or tinystories_all"]),
+    ("tinystories_v2", "validation", ["TinyStoriesV2-GPT4-valid.txt",
+                                      "--set dataset=tinystories_v2"]),
+    ("tinystories_all", "train", ["data01.json", "TinyStories_all_data.tar.gz",
+                                  "--set dataset=tinystories_all"]),
 ])
 def test_missing_dataset_says_what_and_where(tmp_path, dataset, split, names):
   with pytest.raises(text.DatasetUnavailable) as raised:
@@ -231,7 +285,7 @@ def test_one_split_present_is_not_another(tmp_path):
   with pytest.raises(text.DatasetUnavailable, match="wiki.test.raw"):
     text.read_documents("wikitext2", "test", data_dir=tmp_path)
   with pytest.raises(text.DatasetUnavailable, match="data01.json"):
-    text.read_documents("tinystories", "train", data_dir=tmp_path)
+    text.read_documents("tinystories_all", "train", data_dir=tmp_path)
 
 
 def test_unknown_dataset_or_split():
