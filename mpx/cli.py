@@ -9,6 +9,12 @@ import mpx
 from mpx import priors
 
 
+def _arithmetic_layout(args) -> priors.ArithmeticLayout:
+  """Both operands of `--digits`; the answer as long as the largest sum or product."""
+  answer = args.digits + 1 if args.name == "addition" else 2 * args.digits
+  return priors.arithmetic_layout(args.digits, args.digits, answer)
+
+
 def _build_prior(args) -> "jax.Array":
   """The prior named by `mpx prior NAME`, from the command's options."""
   s = args.strength
@@ -22,11 +28,9 @@ def _build_prior(args) -> "jax.Array":
   if args.name == "cyclic":
     return priors.cyclic_prior(args.n_bits, args.window, s)
   if args.name == "addition":
-    layout = priors.arithmetic_layout(args.digits, args.digits, args.digits + 1)
-    return priors.addition_prior(layout, s)
+    return priors.addition_prior(_arithmetic_layout(args), s)
   if args.name == "multiplication":
-    layout = priors.arithmetic_layout(args.digits, args.digits, 2 * args.digits)
-    return priors.multiplication_prior(layout, s)
+    return priors.multiplication_prior(_arithmetic_layout(args), s)
   if args.name == "window":
     return priors.window_prior(*args.grid, args.window, s)
   if args.name == "impulse":
@@ -40,11 +44,29 @@ PRIOR_NAMES = ("parity", "majority", "cyclic", "addition", "multiplication", "wi
                "impulse", "alibi", "neutral")
 
 
+def _prior_labels(args) -> dict:
+  """`plotting.plot_prior`'s tokens (and the impulse heads' shifts) of `mpx prior NAME`;
+  ALiBi and neutral priors are over plain positions."""
+  from mpx import plotting
+  if args.name in ("parity", "majority", "cyclic"):
+    return {"tokens": plotting.boolean_tokens(args.n_bits)}
+  if args.name in ("addition", "multiplication"):
+    operator = "+" if args.name == "addition" else "*"
+    return {"tokens": plotting.arithmetic_tokens(_arithmetic_layout(args), operator)}
+  if args.name in ("window", "impulse"):
+    labels = {"tokens": plotting.grid_tokens(*args.grid, cls_token=True)}
+    if args.name == "impulse":
+      labels["head_titles"] = [f"head {h}: reads (r{m:+d}, c{n:+d})"
+                               for h, (m, n) in enumerate(priors.impulse_shifts(args.heads))]
+    return labels
+  return {}
+
+
 def _prior_command(args) -> int:
   from mpx import plotting
   mask = _build_prior(args)
   title = f"{args.name} prior, shape {tuple(mask.shape)}"
-  plotting.plot_prior(mask, args.out, title)
+  plotting.plot_prior(mask, args.out, title, **_prior_labels(args))
   print(f"wrote {args.out}: {title}")
   return 0
 

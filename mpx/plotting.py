@@ -1,12 +1,24 @@
-"""Headless matplotlib figures (Agg backend)."""
+"""Headless matplotlib figures (Agg backend).
+
+Every figure of a run reads alike: a scheme has one colour in all of them
+(`scheme_colors`) and the paper's numbers are black, a colour no scheme has; a metric has
+the unit the summary's tables give it (accuracies in %); a line is one scheme and group
+(`report.cell_key`), named by the values that tell the scheme's groups apart, dashed per
+group and marked with hollow markers of its own shape, so lines that coincide stay
+visible; heatmaps name their tokens (`token_labels`). The `*_figure` functions return the
+figure, the `plot_*` functions write PNG files.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import pathlib
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from mpx import report
 
 
 def _pyplot():
@@ -20,15 +32,149 @@ def _pyplot():
   return plt
 
 
-def plot_prior(mask_logits, path: str, title: str = "") -> None:
-  """Heatmaps of the bias `log σ(M)` a prior adds to the logits, one panel per head."""
+def _save(fig, path, dpi: int = 110) -> str:
+  """Writes `fig` to the PNG file `path` and frees it; returns the path."""
+  fig.savefig(path, dpi=dpi)
+  _pyplot().close(fig)
+  return str(path)
+
+
+# ----------------------------------------------------------------------------- styles
+
+# mpx's schemes keep their colour across runs and families.
+SCHEME_COLORS = {"default": "C0", "qk_svd": "C1", "qk_opt": "C2", "mask": "C3",
+                 "mimetic": "C4", "impulse_svd": "C5", "impulse_opt": "C6", "alibi": "C8",
+                 "mask_nopos": "C9"}
+SPARE_COLORS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02",
+                "#a6761d", "C7")  # Dark2, then grey: other schemes, e.g. "mask:impulse".
+PAPER_COLOR = "black"
+MARKERS = "osD^vP<>Xh"
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def scheme_colors(schemes: Iterable[str]) -> dict[str, str]:
+  """The colour of each scheme, for every figure of a run: mpx's own from
+  `SCHEME_COLORS`, the others the spare colours in name order (so the same set of schemes
+  always gets the same colours, whatever order a figure meets them in)."""
+  schemes = set(schemes)
+  others = sorted(schemes - set(SCHEME_COLORS))
+  spare = {s: SPARE_COLORS[i % len(SPARE_COLORS)] for i, s in enumerate(others)}
+  return {s: SCHEME_COLORS.get(s) or spare[s] for s in schemes}
+
+
+def _unit(metric: str) -> tuple[float, str]:
+  """(scale, axis label): the unit `report.format_table` prints the metric in."""
+  if report.is_percent_metric(metric):
+    return 100.0, f"{metric} (%)"
+  return 1.0, metric
+
+
+PERCENT_LIMITS = (-3.0, 103.0)  # The whole scale in every figure, a marker's room beyond.
+
+
+def _draw_lines(ax, bands: Mapping[tuple, tuple], varying: Sequence[str],
+                colors: Mapping[str, str]) -> None:
+  """One line per cell of `bands` {cell: (x, mean, low, high, n)}: the mean, a min–max
+  band (a bar where there is one x), the scheme's colour, a dash per group of the scheme
+  and a hollow marker of the line's own shape, about 15 per line and staggered, which
+  shows through any line drawn over it."""
+  drawn = []
+  for i, (cell, (x, mean, low, high, n)) in enumerate(bands.items()):
+    color, every = colors[cell[1]], max(1, math.ceil(len(x) / 15))
+    ax.plot(x, mean, color=color, linestyle=LINE_STYLES[drawn.count(cell[1]) % len(LINE_STYLES)],
+            marker=MARKERS[i % len(MARKERS)], markevery=(i % every, every),
+            markerfacecolor="none", markersize=6,
+            label=f"{report.cell_label(cell, varying)} (n={n})")
+    drawn.append(cell[1])
+    ax.fill_between(x, low, high, color=color, alpha=0.15)
+    if len(x) == 1:
+      ax.vlines(x, low, high, color=color, alpha=0.5)
+  ax.legend(fontsize="small")
+
+
+def _band(x, values_S_, scale: float = 1.0) -> tuple:
+  """(x, mean, min, max, seeds) over the leading (seed) axis of `values_S_`."""
+  values = scale * np.asarray(values_S_, np.float64)
+  return x, values.mean(0), values.min(0), values.max(0), len(values)
+
+
+# ----------------------------------------------------------------------------- tokens
+
+
+def boolean_tokens(n_bits: int) -> list[str]:
+  """The GOTU model's tokens: CLS, then one per input bit."""
+  return ["CLS", *(f"x{i}" for i in range(n_bits))]
+
+
+def arithmetic_tokens(layout, operator: str) -> list[str]:
+  """A `priors.ArithmeticLayout`'s tokens: BOS, the operand digits a<p>, b<p> and answer
+  digits c<p> by place value p (a reversed answer reads c0 c1 ...), the operator and "="."""
+  names = [str(i) for i in range(layout.n_tokens)]
+  for letter, positions in (("a", layout.a), ("b", layout.b), ("c", layout.answer)):
+    for place, position in enumerate(positions):
+      names[position] = f"{letter}{place}"
+  names[max(layout.a) + 1], names[max(layout.b) + 1] = operator, "="
+  if min(layout.a) > 0:
+    names[0] = "BOS"
+  return names
+
+
+def grid_tokens(grid_h: int, grid_w: int, cls_token: bool) -> list[str]:
+  """A ViT's tokens: CLS (when it has one), then the patches "row,col" in row-major order."""
+  patches = [f"{r},{c}" for r in range(grid_h) for c in range(grid_w)]
+  return ["CLS", *patches] if cls_token else patches
+
+
+def token_labels(run_config: Mapping, task: str, n_tokens: int) -> list[str]:
+  """Names of a run's N attention tokens, from its config.json (`run_config`): its
+  experiment names the family (Boolean: CLS and bits; arithmetic: digits by place value;
+  vision: CLS and patch positions). Any other experiment (language, whose tokens are
+  positions), or a layout of another length, gets the positions 0..N-1."""
+  config, experiment = run_config.get("config", {}), run_config.get("experiment")
+  names: list[str] = []
+  if experiment in ("boolean_gotu", "boolean_coverage"):
+    names = boolean_tokens(n_tokens - 1)
+  elif experiment == "arithmetic":
+    from mpx.tasks import arithmetic
+    spec = arithmetic.get_task(task, config["digits"], reverse_answer=config["reverse_answer"])
+    names = arithmetic_tokens(spec.layout, arithmetic.OPERATORS[task])
+  elif experiment == "vision":
+    grid = config["image_size"] // config["patch_size"]
+    names = grid_tokens(grid, grid, config["pool"] == "cls")
+  return names if len(names) == n_tokens else [str(i) for i in range(n_tokens)]
+
+
+def _token_ticks(ax, tokens: Sequence[str]) -> None:
+  """Integer ticks on both axes of a heatmap, named by token; every k-th of many tokens,
+  so the names stay legible."""
+  every = max(1, math.ceil(len(tokens) / 24))
+  ticks = list(range(0, len(tokens), every))
+  ax.set_xticks(ticks, [tokens[i] for i in ticks], rotation=90, fontsize="x-small")
+  ax.set_yticks(ticks, [tokens[i] for i in ticks], fontsize="x-small")
+
+
+def _run_config(run_dir: pathlib.Path) -> dict:
+  path = run_dir / "config.json"
+  return json.loads(path.read_text()) if path.is_file() else {}
+
+
+# ----------------------------------------------------------------------------- priors
+
+
+def prior_figure(mask_logits, title: str = "", *, tokens: Sequence[str] | None = None,
+                 head_titles: Sequence[str] | None = None):
+  """Heatmaps of the bias `log σ(M)` a prior adds to the logits, one panel per head,
+  ticks named by `tokens` (default: positions) and panels by `head_titles`."""
   from mpx.attention import mask_bias
   plt = _pyplot()
   bias = np.asarray(mask_bias(mask_logits))
   heads = bias[None] if bias.ndim == 2 else bias
+  tokens = tokens or [str(i) for i in range(heads.shape[-1])]
+  head_titles = head_titles or ([f"head {h}" for h in range(len(heads))] if len(heads) > 1
+                                else ["shared by heads"])
   cols = min(len(heads), 3)
   rows = math.ceil(len(heads) / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4 * rows), squeeze=False,
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows), squeeze=False,
                            layout="constrained")
   low = min(float(bias.min()), -1e-3)
   for h, ax in enumerate(axes.flat):
@@ -36,123 +182,152 @@ def plot_prior(mask_logits, path: str, title: str = "") -> None:
       ax.axis("off")
       continue
     image = ax.imshow(heads[h], vmin=low, vmax=0.0, cmap="viridis", interpolation="nearest")
+    _token_ticks(ax, tokens)
     ax.set_xlabel("key token j")
     ax.set_ylabel("query token i")
-    ax.set_title(f"head {h}" if len(heads) > 1 else "shared by heads")
+    ax.set_title(head_titles[h])
   fig.colorbar(image, ax=axes, shrink=0.8, label="log σ(M)  (additive logit bias, ≤ 0)")
   fig.suptitle(title or "mask prior")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  return fig
 
 
-CURVE_METRICS = ("accuracy", "accuracy_seen", "accuracy_unseen", "loss", "loss_seen",
+def plot_prior(mask_logits, path: str, title: str = "", *,
+               tokens: Sequence[str] | None = None,
+               head_titles: Sequence[str] | None = None) -> None:
+  """`prior_figure` into the PNG file `path`."""
+  _save(prior_figure(mask_logits, title, tokens=tokens, head_titles=head_titles), path)
+
+
+# ----------------------------------------------------------------------------- curves
+
+CURVE_METRICS = ("accuracy", "accuracy_seen", "accuracy_unseen", "sequence_accuracy",
+                 "digit_accuracy", "perplexity", "bits_per_byte", "loss", "loss_seen",
                  "loss_unseen", "train_loss", "unseen_mean_output", "mean_output")
 LAYER_METRICS = ("fidelity", "drift_mask", "drift_query", "drift_key", "grad_norm_mask",
                  "grad_norm_query", "grad_norm_key")
 
 
-def _curves(records, key_fn):
-  """{(task, scheme): (steps, values[seeds, steps])} for one scalar per record."""
+def _seed_curves(histories: Mapping[tuple, Mapping[int, object]]) -> dict:
+  """{cell: (steps_T, values_S_T...)} from {`report.member_key`: {step: value}}: each
+  cell's seeds at the steps every one of them was evaluated."""
   by_cell: dict = {}
-  for r in records:
-    value = key_fn(r)
-    if value is None:
-      continue
-    cell = by_cell.setdefault((r["task"], r["scheme"]), {})
-    cell.setdefault(r["seed"], {})[r["step"]] = value
+  for key, history in histories.items():
+    by_cell.setdefault(key[:-1], []).append(history)
   out = {}
   for cell, seeds in by_cell.items():
-    steps = sorted(set.intersection(*(set(s) for s in seeds.values())))
-    out[cell] = (np.array(steps), np.array([[s[t] for t in steps] for s in seeds.values()],
-                                           np.float64))
+    steps_T = sorted(set.intersection(*(set(h) for h in seeds)))
+    out[cell] = (np.array(steps_T), np.array([[h[t] for t in steps_T] for h in seeds],
+                                             np.float64))
   return out
 
 
-def _plot_curves(curves, task, ylabel, title, path):
+def _curves(records, value_fn) -> dict:
+  """`_seed_curves` of one value per record (`value_fn(record)`, None where absent)."""
+  histories: dict = {}
+  for r in records:
+    value = value_fn(r)
+    if value is not None:
+      histories.setdefault(report.member_key(r), {})[r["step"]] = value
+  return _seed_curves(histories)
+
+
+def curve_figure(curves, task: str, metric: str, varying: Sequence[str],
+                 colors: Mapping[str, str], title: str):
+  """One metric of one task over training: a line per cell of `curves` (`_curves`)."""
   plt = _pyplot()
+  scale, label = _unit(metric)
   fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
-  for (cell_task, scheme), (steps, values) in sorted(curves.items()):
-    if cell_task != task:
-      continue
-    line, = ax.plot(steps, values.mean(0), marker="o" if len(steps) < 20 else None,
-                    label=f"{scheme} (n={len(values)})")
-    ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.2)
+  _draw_lines(ax, {cell: _band(steps, values, scale)
+                   for cell, (steps, values) in curves.items() if cell[0] == task},
+              varying, colors)
+  if scale == 100.0:
+    ax.set_ylim(*PERCENT_LIMITS)
   ax.set_xlabel("training step")
-  ax.set_ylabel(ylabel)
+  ax.set_ylabel(label)
   ax.set_title(title)
-  ax.legend(fontsize="small")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  return fig
 
 
 def _has_map(record, layer) -> bool:
   return "attention_map" in (record.get("layers") or {}).get(layer, {})
 
 
-def _map_history(records, task, scheme, layer):
-  """The lowest seed's records of (task, scheme) holding an attention map of `layer`, in
-  step order."""
-  mine = [r for r in records
-          if r["task"] == task and r["scheme"] == scheme and _has_map(r, layer)]
+def _map_history(records, cell, layer):
+  """The lowest seed's records of `cell` holding an attention map of `layer`, in step
+  order."""
+  mine = [r for r in records if report.cell_key(r) == cell and _has_map(r, layer)]
   seed = min(r["seed"] for r in mine)
   return sorted((r for r in mine if r["seed"] == seed), key=lambda r: r["step"])
 
 
-def _plot_attention(records, task, layer, path):
-  """Rows: one member per scheme. Columns: the prior's pattern as the attention it asks
-  for (uniform over each query's allowed keys), then the member's attention at init,
-  mid-training and end (its first, middle and last evaluation), averaged over the probe
-  batch and heads."""
+def attention_figure(records, task: str, layer: str, varying: Sequence[str],
+                     colors: Mapping[str, str], tokens: Sequence[str]):
+  """Rows: one member per scheme and group. Columns: the prior's pattern as the attention
+  it asks for (uniform over each query's allowed keys), then the member's attention at
+  its first, middle and last evaluation, averaged over the probe batch and heads; ticks
+  named by `tokens` (`token_labels`)."""
   plt = _pyplot()
-  schemes = sorted({r["scheme"] for r in records if r["task"] == task and _has_map(r, layer)})
-  fig, axes = plt.subplots(len(schemes), 4, figsize=(13, 3.2 * len(schemes)),
-                           squeeze=False, layout="constrained")
-  for row, scheme in zip(axes, schemes):
-    history = _map_history(records, task, scheme, layer)
+  cells = list(dict.fromkeys(report.cell_key(r) for r in records
+                             if r["task"] == task and _has_map(r, layer)))
+  fig, axes = plt.subplots(len(cells), 4, figsize=(13, 3.4 * len(cells)), squeeze=False,
+                           layout="constrained")
+  for row, cell in zip(axes, cells):
+    history = _map_history(records, cell, layer)
     pattern = np.asarray(history[-1]["prior_pattern"], np.float64)
-    snapshots = {"init": history[0], "mid": history[len(history) // 2], "end": history[-1]}
+    snapshots = {"init" if history[0]["step"] == 0 else "first": history[0],
+                 "mid": history[len(history) // 2], "end": history[-1]}
     panels = [("prior pattern", pattern / np.maximum(pattern.sum(-1, keepdims=True), 1))]
     panels += [(f"{name}: step {r['step']}, fidelity {r['layers'][layer]['fidelity']:.2f}",
                 np.asarray(r["layers"][layer]["attention_map"]))
                for name, r in snapshots.items()]
     for ax, (title, image) in zip(row, panels):
       shown = ax.imshow(image, vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
+      _token_ticks(ax, tokens)
       ax.set_title(title, fontsize="small")
-      ax.set_xlabel("key token j")
-    row[0].set_ylabel(f"{scheme} (seed {history[0]['seed']})\nquery token i")
+      ax.set_xlabel("key token j", fontsize="small")
+    name = report.cell_label(cell, varying, "\n")
+    row[0].set_ylabel(f"{name} (seed {history[0]['seed']})\nquery token i",
+                      color=colors[cell[1]])
   fig.colorbar(shown, ax=axes, shrink=0.6, label="attention probability")
   fig.suptitle(f"{task}, {layer}: attention, mean over probe inputs and heads")
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  return fig
 
 
-def _plot_degree_profiles(records, task, path):
-  """Per scheme: the share of the learned function's Fourier weight at each degree over
-  training, mean over seeds; degrees that never reach 1% are left out."""
+# Mathtext, so the sub- and superscripts render (as plain text they print as TeX).
+DEGREE_LABEL = (r"share of Fourier weight  "
+                r"$\Sigma_{|S|=d}\ \hat{c}_S^{\,2}\ /\ \mathrm{E}[f^{\,2}]$")
+
+
+def degree_figure(records, task: str, varying: Sequence[str], colors: Mapping[str, str]):
+  """Per scheme and group: the share of the learned function's Fourier weight at each
+  degree over training, mean over seeds; degrees that never reach 1% are left out."""
   plt = _pyplot()
   curves = _curves([r for r in records if r["task"] == task],
                    lambda r: r.get("degree_profile"))
+  means = {cell: (profiles / np.maximum(profiles.sum(-1, keepdims=True), 1e-12)).mean(0)
+           for cell, (_, profiles) in curves.items()}  # [steps, degrees] over seeds.
+  shown = sorted(set().union(*(np.flatnonzero(m.max(0) >= 0.01) for m in means.values())))
   fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.8), sharey=True,
                            squeeze=False, layout="constrained")
-  for ax, ((_, scheme), (steps, profiles)) in zip(axes[0], sorted(curves.items())):
-    share = profiles / np.maximum(profiles.sum(-1, keepdims=True), 1e-12)  # [seeds, steps, d]
-    mean = share.mean(0)
-    for degree in np.flatnonzero(mean.max(0) >= 0.01):
-      ax.plot(steps, mean[:, degree], label=f"degree {degree}")
-    ax.set_title(f"{scheme} (n={len(profiles)})")
+  for ax, (cell, (steps, profiles)) in zip(axes[0], curves.items()):
+    for i, degree in enumerate(shown):  # Sequential colours, no scheme's; alike in panels.
+      ax.plot(steps, means[cell][:, degree], label=f"degree {degree}",
+              color=plt.cm.viridis(0.85 * i / max(1, len(shown) - 1)))
+    ax.set_title(f"{report.cell_label(cell, varying)} (n={len(profiles)})",
+                 color=colors[cell[1]])
     ax.set_xlabel("training step")
     ax.legend(fontsize="small")
-  axes[0, 0].set_ylabel("share of Fourier weight Σ_{|S|=d} ĉ_S² / E[f²]")
+  axes[0, 0].set_ylabel(DEGREE_LABEL)
   fig.suptitle(f"{task}: degree profile of the learned function")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  return fig
 
+
+# ----------------------------------------------------------------------------- overview
 
 OVERVIEW_FILE = "overview.png"
 
 
 def _load_summary(run_dir: pathlib.Path) -> dict:
-  from mpx import report
   path = run_dir / report.SUMMARY_JSON
   if not path.is_file():
     raise ValueError(f"{path} is missing: the overview plots a finished run's summary "
@@ -165,8 +340,9 @@ def _load_summary(run_dir: pathlib.Path) -> dict:
 
 
 def headline_metric(summary) -> str:
-  """The metric the overview leads with: the first one the paper gives a number for (what
-  a run is compared on), else the first in summary.json (where keys are sorted)."""
+  """The metric the overview and the fraction curve lead with: the first one the paper
+  gives a number for (what a run is compared on), else the first in summary.json (where
+  keys are sorted)."""
   names = list(dict.fromkeys(k for m in summary["members"] for k in m["metrics"]))
   in_paper = {k for schemes in summary["paper"].values() for metrics in schemes.values()
               for k in metrics}
@@ -178,29 +354,11 @@ def headline_metric(summary) -> str:
   return names[0]
 
 
-def _varying_hparams(members) -> dict[str, list[str]]:
-  """Per task, the hparams (not the seed) whose value differs between members of one
-  scheme, e.g. a data fraction; one set per scheme (a mask-only learning rate) does not
-  split the scheme's box."""
-  values: dict = {}
-  for m in members:
-    task = values.setdefault(m["task"], {})
-    for k, v in m["hparams"].items():
-      if k != "seed":
-        task.setdefault((m["scheme"], k), set()).add(json.dumps(v))
-  return {task: sorted({k for (_, k), vs in hp.items() if len(vs) > 1})
-          for task, hp in values.items()}
-
-
-def _cell(entry, varying: list[str]) -> tuple:
-  """The x-axis box of a member or record: its scheme and the values of `varying`."""
-  return (entry["scheme"], *(json.dumps((entry.get("hparams") or {}).get(k)) for k in varying))
-
-
-def _cell_name(cell: tuple, varying: list[str], sep: str = "\n") -> str:
-  values = [json.loads(v) for v in cell[1:]]
-  return sep.join([cell[0], *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                              for k, v in zip(varying, values))])
+def _varying(entries) -> dict[str, list[str]]:
+  """Per task, `report.distinguishing_hparams` of its entries (records or members)."""
+  tasks = dict.fromkeys(e["task"] for e in entries)
+  return {t: report.distinguishing_hparams([e for e in entries if e["task"] == t])
+          for t in tasks}
 
 
 def _number(x) -> float | None:
@@ -217,100 +375,68 @@ def _jitter(n: int, width: float = 0.3) -> np.ndarray:
 
 def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
   """Every seed as a point, the mean over the non-diverged seeds as a bar, the paper's
-  number as a red tick."""
-  from mpx import report
-  scale = 100.0 if report.is_percent_metric(metric) else 1.0
+  number as a black tick across it."""
+  scale, label = _unit(metric)
   mine = [m for m in members if m["task"] == task]
-  cells = list(dict.fromkeys(_cell(m, varying) for m in mine))
+  cells = list(dict.fromkeys(report.cell_key(m) for m in mine))
   ticks = []
   for x, cell in enumerate(cells):
-    seeds = [m for m in mine if _cell(m, varying) == cell]
+    seeds = [m for m in mine if report.cell_key(m) == cell]
     values_S = np.array([v for m in seeds if not m["diverged"]
                          and (v := _number(m["metrics"].get(metric))) is not None])
     if len(values_S):
-      ax.bar(x, scale * values_S.mean(), width=0.6, color=colors[cell[0]], alpha=0.35)
-      ax.scatter(x + _jitter(len(values_S)), scale * values_S, color=colors[cell[0]], s=18,
+      ax.bar(x, scale * values_S.mean(), width=0.6, color=colors[cell[1]], alpha=0.35)
+      ax.scatter(x + _jitter(len(values_S)), scale * values_S, color=colors[cell[1]], s=18,
                  zorder=3)
-    value = _number(paper.get(task, {}).get(cell[0], {}).get(metric))
+    value = _number(paper.get(task, {}).get(cell[1], {}).get(metric))
     if value is not None:  # Across the bar, so a mean reads off against it.
-      ax.hlines(scale * value, x - 0.3, x + 0.3, color="red", linewidth=2.5, zorder=4)
+      ax.hlines(scale * value, x - 0.3, x + 0.3, color=PAPER_COLOR, linewidth=2.5, zorder=4)
     n_diverged = sum(bool(m["diverged"]) for m in seeds)
-    ticks.append(f"{_cell_name(cell, varying)}\nn={len(seeds)}"
-                 + (f" ({n_diverged} diverged)" if n_diverged else ""))
+    name = report.cell_label(cell, varying, "\n")
+    ticks.append(f"{name}\nn={len(seeds)}" + (f" ({n_diverged} diverged)" if n_diverged
+                                                else ""))
   ax.set_xticks(range(len(cells)), ticks, fontsize="small")
   if scale == 100.0:
-    ax.set_ylim(0.0, 105.0)
+    ax.set_ylim(*PERCENT_LIMITS)
   else:
     ax.use_sticky_edges = False  # A margin beyond the bars, so a paper value 0 shows.
     ax.autoscale_view()
-  ax.set_ylabel(f"{metric} (%)" if scale == 100.0 else metric)
-  ax.set_title(f"{task}: final {metric}: seeds (points), mean (bar), paper (red)",
+  ax.set_ylabel(label)
+  ax.set_title(f"{task}: final {metric}: seeds (points), mean (bar), paper (black)",
                fontsize="medium")
 
 
-def _fidelity_curves(records, members, varying, task) -> dict:
-  """{cell: (steps_T, fidelity_ST)} of one task over its non-diverged seeds, at the steps
-  every seed was evaluated; a seed without a step-0 record starts at its `fidelity_init`."""
-  diverged = {(_cell(m, varying), m["seed"]) for m in members
-              if m["task"] == task and m["diverged"]}
-  by_cell: dict = {}
+def _fidelity_curves(records, members, task) -> dict:
+  """`_seed_curves` of the fidelity of one task over its non-diverged members; a member
+  without a step-0 record starts at its `fidelity_init`."""
+  diverged = {report.member_key(m) for m in members if m["diverged"]}
+  histories: dict = {}
   for r in records:
-    if r["task"] != task or _number(r.get("fidelity")) is None:
+    key = report.member_key(r)
+    if r["task"] != task or key in diverged or _number(r.get("fidelity")) is None:
       continue
-    cell = _cell(r, varying)
-    if (cell, r["seed"]) in diverged:
-      continue
-    history = by_cell.setdefault(cell, {}).setdefault(r["seed"], {})
+    history = histories.setdefault(key, {})
     if _number(r.get("fidelity_init")) is not None:
       history.setdefault(0, r["fidelity_init"])
     history[r["step"]] = r["fidelity"]
-  out = {}
-  for cell, seeds in by_cell.items():
-    steps_T = sorted(set.intersection(*(set(h) for h in seeds.values())))
-    out[cell] = (np.array(steps_T),
-                 np.array([[h[t] for t in steps_T] for h in seeds.values()], np.float64))
-  return out
+  return _seed_curves(histories)
 
 
 def _fidelity_panel(ax, curves, varying, task, colors) -> None:
-  styles, drawn = ("-", "--", ":", "-."), []  # A scheme's colour, a style per hparam value.
-  for cell, (steps_T, fidelity_ST) in curves.items():
-    color, style = colors[cell[0]], styles[drawn.count(cell[0]) % len(styles)]
-    drawn.append(cell[0])
-    ax.plot(steps_T, fidelity_ST.mean(0), color=color, linestyle=style,
-            marker="o" if len(steps_T) < 20 else None, markersize=3,
-            label=f"{_cell_name(cell, varying, ', ')} (n={len(fidelity_ST)})")
-    ax.fill_between(steps_T, fidelity_ST.min(0), fidelity_ST.max(0), color=color, alpha=0.15)
+  _draw_lines(ax, {cell: _band(*curve) for cell, curve in curves.items()}, varying, colors)
   ax.set_ylim(0.0, 1.02)
   ax.set_xlabel("training step")
   ax.set_ylabel("fidelity (attention mass on the prior)")
   ax.set_title(f"{task}: prior fidelity, mean over seeds, min–max band", fontsize="medium")
-  ax.legend(fontsize="small")
 
 
-def plot_overview(run_dir, metric: str | None = None, *, records=None) -> str:
-  """The figure to look at first, RUN_DIR/plots/overview.png; returns its path.
-
-  One row per task. Left: the final `metric` (default `headline_metric`) of every seed per
-  scheme, their mean, and the paper's number. Right, when the run recorded persistence
-  diagnostics: the prior's fidelity over training per scheme. Reads summary.json and
-  metrics.jsonl (`records`, when the caller has read it already).
-  """
-  from mpx import report
-  run_dir = pathlib.Path(run_dir)
-  summary = _load_summary(run_dir)
+def overview_figure(summary, records, metric: str, colors: Mapping[str, str]):
+  """One row per task: the final `metric` per scheme and group beside the paper's, and,
+  where the run recorded it, the prior's fidelity over training."""
   members, paper = summary["members"], summary["paper"]
-  metric = metric or headline_metric(summary)
-  if not any(metric in m["metrics"] for m in members):
-    recorded = sorted({k for m in members for k in m["metrics"]})
-    raise ValueError(f"no member of {run_dir / report.SUMMARY_JSON} records {metric!r}; "
-                     f"it records {recorded}.")
-  if records is None:
-    records = report.read_metrics(run_dir) if (run_dir / report.METRICS_FILE).exists() else []
   tasks = list(dict.fromkeys(m["task"] for m in members))
-  varying = _varying_hparams(members)
-  colors = {s: f"C{i % 10}" for i, s in enumerate(dict.fromkeys(m["scheme"] for m in members))}
-  curves = {t: _fidelity_curves(records, members, varying[t], t) for t in tasks}
+  varying = _varying(members)
+  curves = {t: _fidelity_curves(records, members, t) for t in tasks}
   cols = 2 if any(curves.values()) else 1
   plt = _pyplot()
   fig, axes = plt.subplots(len(tasks), cols, figsize=(6.4 * cols, 3.8 * len(tasks)),
@@ -322,105 +448,145 @@ def plot_overview(run_dir, metric: str | None = None, *, records=None) -> str:
     elif cols == 2:
       row[1].axis("off")
   fig.suptitle(f"{summary['experiment']} (preset {summary['preset']}): overview")
+  return fig
+
+
+def plot_overview(run_dir, metric: str | None = None, *, records=None,
+                  colors: Mapping[str, str] | None = None) -> str:
+  """The figure to look at first, RUN_DIR/plots/overview.png; returns its path.
+
+  One row per task. Left: the final `metric` (default `headline_metric`) of every seed per
+  scheme, their mean, and the paper's number. Right, when the run recorded persistence
+  diagnostics: the prior's fidelity over training per scheme. Reads summary.json and
+  metrics.jsonl (`records`, when the caller has read it already); `colors` default to
+  `scheme_colors` of the summary's schemes.
+  """
+  run_dir = pathlib.Path(run_dir)
+  summary = _load_summary(run_dir)
+  members = summary["members"]
+  metric = metric or headline_metric(summary)
+  if not any(metric in m["metrics"] for m in members):
+    recorded = sorted({k for m in members for k in m["metrics"]})
+    raise ValueError(f"no member of {run_dir / report.SUMMARY_JSON} records {metric!r}; "
+                     f"it records {recorded}.")
+  if records is None:
+    records = report.read_metrics(run_dir) if (run_dir / report.METRICS_FILE).exists() else []
+  colors = colors or scheme_colors(m["scheme"] for m in members)
   out_dir = run_dir / "plots"
   out_dir.mkdir(exist_ok=True)
-  path = out_dir / OVERVIEW_FILE
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return str(path)
+  return _save(overview_figure(summary, records, metric, colors), out_dir / OVERVIEW_FILE)
+
+
+# ----------------------------------------------------------------------------- fractions
+
+
+def fraction_figure(summary, metric: str, colors: Mapping[str, str]):
+  """The final `metric` against the training-data fraction, one panel per task, one line
+  per scheme (and group of other distinguishing hparams): the mean over the non-diverged
+  seeds with a min–max band, log-x (the fractions of a low-data sweep span decades).
+  Reads summary.json's members, which need `hparams["data_fraction"]`."""
+  members = [m for m in summary["members"] if "data_fraction" in m["hparams"]
+             and not m["diverged"] and _number(m["metrics"].get(metric)) is not None]
+  if not members:
+    raise ValueError(f"no member that did not diverge has hparams['data_fraction'] and a "
+                     f"finite {metric}; nothing to plot (pass another metric).")
+  scale, label = _unit(metric)
+  tasks = list(dict.fromkeys(m["task"] for m in members))
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(tasks), figsize=(5.6 * len(tasks), 4.2), squeeze=False,
+                           layout="constrained")
+  for ax, task in zip(axes[0], tasks):
+    mine = [m for m in members if m["task"] == task]
+    varying = [k for k in report.distinguishing_hparams(mine) if k != "data_fraction"]
+    lines: dict = {}  # scheme and other hparams → (a cell of the line, {fraction: values})
+    for m in mine:
+      line = (m["scheme"], *(json.dumps(m["hparams"].get(k)) for k in varying))
+      _, by_fraction = lines.setdefault(line, (report.cell_key(m), {}))
+      by_fraction.setdefault(m["hparams"]["data_fraction"], []).append(
+          scale * m["metrics"][metric])
+    bands = {}
+    for cell, by_fraction in lines.values():
+      fractions = sorted(by_fraction)
+      values = [np.array(by_fraction[f]) for f in fractions]
+      bands[cell] = (np.array(fractions), np.array([v.mean() for v in values]),
+                     np.array([v.min() for v in values]), np.array([v.max() for v in values]),
+                     min(len(v) for v in values))
+    _draw_lines(ax, bands, varying, colors)
+    ax.set_xscale("log")
+    fractions = sorted({m["hparams"]["data_fraction"] for m in mine})
+    ax.set_xticks(fractions, [f"{f:g}" for f in fractions])  # The fractions trained on.
+    ax.minorticks_off()
+    if scale == 100.0:
+      ax.set_ylim(*PERCENT_LIMITS)
+    ax.set_xlabel("fraction of the training data")
+    ax.set_ylabel(label)
+    ax.set_title(f"{task}: final {metric}")
+  return fig
+
+
+def plot_fraction_curve(summary, path, metric: str | None = None,
+                        colors: Mapping[str, str] | None = None) -> str:
+  """`fraction_figure` of `metric` (default `headline_metric`) into the PNG file `path`."""
+  colors = colors or scheme_colors(m["scheme"] for m in summary["members"])
+  return _save(fraction_figure(summary, metric or headline_metric(summary), colors), path)
+
+
+# ----------------------------------------------------------------------------- a run
+
+
+def _layer_order(name: str) -> int:
+  return int(name.rsplit("_", 1)[-1]) if name[-1].isdigit() else 0
 
 
 def plot_run(run_dir) -> list[str]:
-  """Figures of a run into RUN_DIR/plots/: first `plot_overview` (once summary.json is
-  there), then from metrics.jsonl per task one figure per metric,
-  mean over seeds with a min–max band per scheme; per-layer persistence metrics and
-  attention heatmaps (init, mid, end beside the prior) for the first and last layer, and
-  the degree profile over training, when the run recorded them. Returns the files written."""
-  from mpx import report
+  """Figures of a run into RUN_DIR/plots/; returns the files written. Once summary.json is
+  there: first `plot_overview`, and the headline metric against the data fraction when
+  the members record one. From metrics.jsonl per task: one figure per metric (a line per
+  scheme and group, mean over seeds with a min–max band); per-layer persistence metrics
+  and attention heatmaps (init, mid, end beside the prior) for the first and last layer,
+  and the degree profile over training, when the run recorded them. All figures share
+  one `scheme_colors`."""
   run_dir = pathlib.Path(run_dir)
   records = report.read_metrics(run_dir)
   if not records:
     raise ValueError(f"{run_dir}/metrics.jsonl has no records; nothing to plot.")
   out_dir = run_dir / "plots"
   out_dir.mkdir(exist_ok=True)
-  tasks = sorted({r["task"] for r in records})
+  colors = scheme_colors(r["scheme"] for r in records)
+  varying = _varying(records)
+  tasks = list(varying)
   written = []
   if (run_dir / report.SUMMARY_JSON).exists():  # A run still training has none yet.
-    written.append(plot_overview(run_dir, records=records))
+    written.append(plot_overview(run_dir, records=records, colors=colors))
+    summary = _load_summary(run_dir)
+    if any("data_fraction" in m["hparams"] for m in summary["members"]):
+      written.append(plot_fraction_curve(summary, out_dir / "fraction_curve.png",
+                                         colors=colors))
   for metric in CURVE_METRICS:
     curves = _curves(records, lambda r: r.get(metric))
     for task in tasks:
-      if any(t == task for t, _ in curves):
-        path = out_dir / f"{task}_{metric}.png"
-        unit = " (fraction)" if metric.startswith("accuracy") else ""
-        _plot_curves(curves, task, metric + unit, f"{task}: {metric}", path)
-        written.append(str(path))
+      if any(cell[0] == task for cell in curves):
+        fig = curve_figure(curves, task, metric, varying[task], colors, f"{task}: {metric}")
+        written.append(_save(fig, out_dir / f"{task}_{metric}.png"))
   layers = sorted({layer for r in records for layer in r.get("layers") or {}},
-                  key=lambda name: int(name.rsplit("_", 1)[-1]) if name[-1].isdigit() else 0)
+                  key=_layer_order)
+  run_config = _run_config(run_dir)
   for layer in dict.fromkeys(layers[:1] + layers[-1:]):
     for metric in LAYER_METRICS:
       curves = _curves(records, lambda r: (r.get("layers") or {}).get(layer, {}).get(metric))
       for task in tasks:
-        if any(t == task for t, _ in curves):
-          path = out_dir / f"{task}_{layer}_{metric}.png"
-          _plot_curves(curves, task, metric, f"{task}, {layer}: {metric}", path)
-          written.append(str(path))
+        if any(cell[0] == task for cell in curves):
+          fig = curve_figure(curves, task, metric, varying[task], colors,
+                             f"{task}, {layer}: {metric}")
+          written.append(_save(fig, out_dir / f"{task}_{layer}_{metric}.png"))
     for task in tasks:
-      if any(_has_map(r, layer) for r in records if r["task"] == task):
-        path = out_dir / f"{task}_{layer}_attention.png"
-        _plot_attention(records, task, layer, path)
-        written.append(str(path))
+      maps = [r for r in records if r["task"] == task and _has_map(r, layer)]
+      if maps:
+        tokens = token_labels(run_config, task, len(maps[0]["prior_pattern"]))
+        fig = attention_figure(records, task, layer, varying[task], colors, tokens)
+        written.append(_save(fig, out_dir / f"{task}_{layer}_attention.png", dpi=90))
   for task in tasks:
     if any("degree_profile" in r for r in records if r["task"] == task):
-      path = out_dir / f"{task}_degree_profile.png"
-      _plot_degree_profiles(records, task, path)
-      written.append(str(path))
-  if any("data_fraction" in (r.get("hparams") or {}) for r in records):
-    path = out_dir / "fraction_curve.png"
-    plot_fraction_curve(records, path)
-    written.append(str(path))
+      fig = degree_figure(records, task, varying[task], colors)
+      written.append(_save(fig, out_dir / f"{task}_degree_profile.png", dpi=100))
   return written
-
-
-def plot_fraction_curve(records, path) -> None:
-  """Final `sequence_accuracy` against the training-data fraction, one panel per task
-  and one line per scheme: mean over seeds with a min–max band, log-x (the fractions of
-  a low-data sweep span decades). Uses each member's last evaluation; records need
-  `hparams["data_fraction"]`."""
-  plt = _pyplot()
-  final: dict = {}  # (task, scheme, fraction, seed) → (step, value)
-  for r in records:
-    fraction = (r.get("hparams") or {}).get("data_fraction")
-    value = r.get("sequence_accuracy")
-    if fraction is None or value is None:
-      continue
-    key = (r["task"], r["scheme"], float(fraction), r["seed"])
-    if key not in final or r["step"] >= final[key][0]:
-      final[key] = (r["step"], float(value))
-  if not final:
-    raise ValueError("no record has hparams['data_fraction'] and a sequence_accuracy; "
-                     "nothing to plot.")
-  tasks = sorted({k[0] for k in final})
-  fig, axes = plt.subplots(1, len(tasks), figsize=(5.6 * len(tasks), 4.2), squeeze=False,
-                           layout="constrained")
-  for ax, task in zip(axes[0], tasks):
-    for scheme in sorted({k[1] for k in final if k[0] == task}):
-      by_fraction: dict = {}
-      for (t, s, fraction, _), (_, value) in final.items():
-        if (t, s) == (task, scheme):
-          by_fraction.setdefault(fraction, []).append(value)
-      fractions = np.array(sorted(by_fraction))
-      values = [np.array(by_fraction[f]) for f in fractions]
-      mean = np.array([v.mean() for v in values])
-      n = min(len(v) for v in values)
-      line, = ax.plot(fractions, mean, marker="o", label=f"{scheme} (n={n})")
-      low, high = [v.min() for v in values], [v.max() for v in values]
-      ax.fill_between(fractions, low, high, color=line.get_color(), alpha=0.2)
-      ax.vlines(fractions, low, high, color=line.get_color(), alpha=0.5)  # One fraction too.
-    ax.set_xscale("log")
-    ax.set_xlabel("fraction of the problem space trained on")
-    ax.set_ylabel("sequence accuracy (fraction)")
-    ax.set_title(f"{task}: final sequence accuracy")
-    ax.legend(fontsize="small")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)

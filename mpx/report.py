@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 import numpy as np
+from etils import epath
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_JSON = "summary.json"
@@ -273,10 +274,10 @@ class MetricsWriter:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-  """All records of RUN_DIR/metrics.jsonl in file order (non-finite values read as None)."""
-  path = os.path.join(os.fspath(run_dir), METRICS_FILE)
-  with open(path, encoding="utf-8", newline="") as f:
-    return [r for _, r in _parse_lines(path, f.read())]
+  """All records of RUN_DIR/metrics.jsonl in file order (non-finite values read as None);
+  RUN_DIR may be a gs:// URL."""
+  path = epath.Path(run_dir) / METRICS_FILE
+  return [r for _, r in _parse_lines(str(path), path.read_bytes().decode("utf-8"))]
 
 
 def member_record(member: Mapping[str, Any], step: int, metrics: Mapping[str, Any], *,
@@ -310,6 +311,39 @@ def _hparams_key(hparams: Mapping[str, Any]) -> str:
   return _dumps({k: v for k, v in hparams.items() if k != "seed"})
 
 
+def cell_key(entry: Mapping[str, Any]) -> tuple[str, str, str]:
+  """(task, scheme, hparams but the seed, as JSON): the seeds of one configuration, which
+  a table row and a plotted line gather. A record's hparams hold its group's labels (a
+  data fraction, an architecture sweep's values), so two groups never share a cell."""
+  return (entry["task"], entry["scheme"], _hparams_key(entry["hparams"]))
+
+
+def member_key(entry: Mapping[str, Any]) -> tuple[str, str, str, int]:
+  """One trained member, alike in metrics.jsonl records and summary.json members: its
+  `cell_key` and seed. Histories are keyed by it: (task, scheme, seed) alone would merge
+  the groups of a run (the data fractions of one scheme)."""
+  return (*cell_key(entry), entry["seed"])
+
+
+def distinguishing_hparams(entries: Iterable[Mapping[str, Any]]) -> list[str]:
+  """The hparams (not the seed) whose value differs between entries of one task and
+  scheme: what tells a scheme's groups apart (a data fraction, a width). One value per
+  scheme (the mask's own learning rate) is left out: the scheme's name says it."""
+  values: dict = {}
+  for e in entries:
+    for k, v in e["hparams"].items():
+      if k != "seed":
+        values.setdefault((e["task"], e["scheme"], k), set()).add(_dumps(v))
+  return sorted({k for (_, _, k), vs in values.items() if len(vs) > 1})
+
+
+def cell_label(cell: tuple[str, str, str], keys: Sequence[str], sep: str = ", ") -> str:
+  """How figures and lists name a `cell_key`: its scheme and its values of `keys`
+  (`distinguishing_hparams`), e.g. "mask, data_fraction=0.1"."""
+  hparams = json.loads(cell[2])
+  return sep.join([cell[1], *(f"{k}={_fmt_hparam(hparams.get(k))}" for k in keys)])
+
+
 def _finite(x: Any) -> float | None:
   x = to_jsonable(x)
   if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -340,7 +374,7 @@ def summarize(members: Sequence[Mapping[str, Any]], metric_names: Sequence[str])
     missing = [k for k in MEMBER_KEYS if k not in m]
     if missing:
       raise ValueError(f"member {i} lacks {missing}; summarize needs {MEMBER_KEYS}.")
-    key = (m["task"], m["scheme"], _hparams_key(m["hparams"]))
+    key = cell_key(m)
     group = groups.setdefault(key, [])
     if any(g["seed"] == m["seed"] for g in group):
       raise ValueError(f"member {i} repeats seed {m['seed']} of task {m['task']!r}, scheme "

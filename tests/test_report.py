@@ -245,6 +245,33 @@ def test_summarize_groups_by_hparams_and_edge_cases():
     report.summarize([{"task": "t"}], ["loss"])
 
 
+def test_member_key_is_one_for_records_and_members(tmp_path):
+  members = [_member("mask", 0, data_fraction=f) | {"metrics": {}, "diverged": False}
+             for f in (0.1, 1.0)]
+  with report.MetricsWriter(tmp_path) as w:
+    w.write([report.member_record(m, 10, {"loss": 1.0}, diverged=False) for m in members])
+  records = report.read_metrics(tmp_path)
+  assert [report.member_key(r) for r in records] == [report.member_key(m) for m in members]
+  assert len({report.member_key(m) for m in members}) == 2  # Same seed, other group.
+  assert [report.cell_key(m) for m in members] == [r[:-1] for r in map(report.member_key,
+                                                                        members)]
+  # Seeds of one cell share its key, as `summarize` gathers them into one row.
+  assert report.cell_key(_member("mask", 0)) == report.cell_key(_member("mask", 3))
+
+
+def test_cell_labels_name_what_tells_groups_apart():
+  members = [_member(scheme, 0, data_fraction=f, mask_lr=float(scheme == "mask"))
+             for f in (0.1, 1.0) for scheme in ("default", "mask")]
+  keys = report.distinguishing_hparams(members)
+  assert keys == ["data_fraction"]  # mask_lr is one value per scheme.
+  assert [report.cell_label(report.cell_key(m), keys) for m in members] == [
+      "default, data_fraction=0.1", "mask, data_fraction=0.1", "default, data_fraction=1",
+      "mask, data_fraction=1"]
+  assert report.cell_label(report.cell_key(_member("mask", 0)), ["width"], "\n") == (
+      "mask\nwidth=—")
+  assert report.distinguishing_hparams([_member("mask", s) for s in range(3)]) == []
+
+
 def test_format_table_formats_and_varying_columns():
   rows = report.summarize(MEMBERS, ["accuracy", "loss"])
   table = report.format_table(rows, ["accuracy", "loss"], PAPER)

@@ -26,6 +26,7 @@ from mpx.sweep import data as data_lib
 from mpx.sweep import distributed
 from mpx.sweep import engine
 from mpx.sweep import evaluate as evaluate_lib
+from mpx.sweep import memory
 from mpx.sweep import run_folder
 
 PREEMPTED_EXIT_CODE = 143
@@ -155,7 +156,9 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: e
       _check_checkpoint_config(ckpt.directory, stored, saved_config)
       state = engine.take_rows(state, rows)
     state, hparams, data = engine.place(group, state, mesh, local=True)
-    train_chunk = engine.make_train_chunk(group, cfg.chunk_steps)
+    # Its first call prints the group's memory plan (process 0), before the chunk runs.
+    train_chunk = memory.planned(engine.make_train_chunk(group, cfg.chunk_steps), group,
+                                 show=distributed.is_primary())
     step = int(state.step)
     feeder = _feeder(group, step, cfg.chunk_steps, mesh)
     train = None  # The last chunk's scalars.
@@ -198,28 +201,45 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: e
   return _records(group, state, group.steps, train, metrics)
 
 
+# What config.json records beside the config. `run` (the command, the experiment's file)
+# is for the reader and is never compared; `fingerprint` (an experiment's definition of its
+# data, e.g. each Boolean task's cube) is compared where the earlier run recorded one.
+INFORMATIONAL = "run"
+FINGERPRINT = "fingerprint"
+
+
 def _config_differences(previous: dict, saved: dict) -> list[str]:
-  """The names that differ: `experiment`/`preset`, then the config keys."""
+  """The names that differ: `experiment`/`preset`, the config keys, then the fingerprinted
+  names (e.g. `fingerprint.parity3`); empty when a resume may go on."""
   keys = [k for k in ("experiment", "preset", "sweep") if previous.get(k) != saved.get(k)]
   old, new = previous.get("config", {}), saved.get("config", {})
-  return keys + sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+  keys += sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+  if FINGERPRINT in previous:  # Folders written before fingerprints still resume.
+    old, new = previous[FINGERPRINT], saved.get(FINGERPRINT, {})
+    keys += sorted(f"{FINGERPRINT}.{k}" for k in set(old) | set(new)
+                   if old.get(k) != new.get(k))
+  return keys
 
 
-def _check_resume_config(run_dir: epath.Path, saved: dict) -> None:
+def _check_resume_config(run_dir: epath.Path, checkpoints: epath.Path, saved: dict) -> None:
   path = run_dir / "config.json"
   if not path.exists():
     raise FileNotFoundError(f"--resume: {path} does not exist; nothing to resume.")
   previous = json.loads(path.read_text())
-  if previous != saved:
+  differences = _config_differences(previous, saved)
+  if differences and not _has_progress(run_dir, checkpoints):
+    raise ValueError(f"--resume: the run in {run_dir} differs in {differences} and never "
+                     "completed a step; run without --resume to start afresh there.")
+  if differences:
     raise ValueError(f"--resume: the config differs from the run in {run_dir} in "
-                     f"{_config_differences(previous, saved)}; use the same --preset and "
-                     "--set.")
+                     f"{differences}; use the same --preset and --set (a changed "
+                     "fingerprint: the task's definition changed).")
 
 
 def _check_checkpoint_config(directory: str | pathlib.Path, stored: dict, saved: dict) -> None:
   """The config saved with the checkpoint is what the state was trained with; config.json
   may have been overwritten since."""
-  if stored != saved:
+  if _config_differences(stored, saved):
     raise ValueError(f"--resume: the checkpoints in {directory} were written with another "
                      f"config (differs in {_config_differences(stored, saved)}); use the "
                      "run's --preset and --set, or start a fresh run with another --out.")
@@ -245,17 +265,30 @@ def _check_run_dir(run_dir: pathlib.Path) -> None:
       return
 
 
-def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path) -> None:
-  """A fresh run must not mix with (or overwrite the config of) an earlier one."""
+def _trained_records(run_dir: epath.Path) -> bool:
+  """Whether metrics.jsonl holds a record past step 0 (a run that trained)."""
   metrics = run_dir / report.METRICS_FILE
-  if metrics.exists() and metrics.stat().length > 0:
-    held = "metrics"
-  elif checkpoints.is_dir() and any(checkpoints.iterdir()):
-    held = "checkpoints"
-  else:
-    return
-  raise FileExistsError(f"{run_dir} already holds {held} of an earlier run; pass --resume "
-                        "to continue it, or choose another --out.")
+  if not metrics.exists():
+    return False
+  return any(r["step"] > 0 for r in report.read_metrics(run_dir))
+
+
+def _has_progress(run_dir: epath.Path, checkpoints: epath.Path) -> str | None:
+  """What the folder holds of an earlier run's training ("metrics" past step 0, or
+  "checkpoints" of a completed step), or None: a run that failed at start (its config,
+  its step-0 evaluation, an empty checkpoint folder) has nothing to lose."""
+  if _trained_records(run_dir):
+    return "metrics"
+  return "checkpoints" if completed_steps(checkpoints) else None
+
+
+def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path) -> None:
+  """A fresh run must not mix with (or overwrite the config of) an earlier one that
+  trained; what a failed start left is replaced (so its corrected re-run needs no rm)."""
+  held = _has_progress(run_dir, checkpoints)
+  if held:
+    raise FileExistsError(f"{run_dir} already holds {held} of an earlier run; pass "
+                          "--resume to continue it, or choose another --out.")
 
 
 def completed_steps(root: epath.Path) -> dict[str, int]:
@@ -273,8 +306,9 @@ PERSISTENCE_METRICS = ("fidelity_init", "fidelity", "drift_mask", "drift_qk")
 
 
 def persistence_table(run_dir: pathlib.Path, members: list[dict]) -> str | None:
-  """Per scheme: prior fidelity at init and at the end, drift at the end, and the steps
-  until fidelity fell below half its initial value, from the run's metric history."""
+  """Per scheme and group: prior fidelity at init and at the end, drift at the end, and
+  the steps until fidelity fell below half its initial value, from each member's metric
+  history (`report.member_key`, which keeps the groups of a run apart)."""
   if not any("fidelity" in m["metrics"] for m in members):
     return None
   rows = report.summarize(members, PERSISTENCE_METRICS)
@@ -282,17 +316,19 @@ def persistence_table(run_dir: pathlib.Path, members: list[dict]) -> str | None:
   history: dict = {}
   for r in report.read_metrics(run_dir):
     if r.get("fidelity") is not None:
-      key = (r["task"], r["scheme"], r["seed"])
-      if key not in history and r["step"] > 0:  # No evaluation at step 0: use init.
-        history[key] = ([0], [r["fidelity_init"]])
-      history.setdefault(key, ([], []))
-      history[key][0].append(r["step"])
-      history[key][1].append(r["fidelity"])
-  halves: dict = {}
-  for (task, scheme, _), (steps, fidelity) in sorted(history.items()):
+      steps, fidelity = history.setdefault(report.member_key(r), ([], []))
+      if not steps and r["step"] > 0:  # No evaluation at step 0: start at init.
+        steps.append(0)
+        fidelity.append(r["fidelity_init"])
+      steps.append(r["step"])
+      fidelity.append(r["fidelity"])
+  halves: dict = {}  # Per cell (scheme and group), in the tables' order.
+  for key, (steps, fidelity) in history.items():
     step = diagnostics.steps_to_half(steps, fidelity)
-    halves.setdefault((task, scheme), []).append("never" if step is None else str(step))
-  lines = [f"- {task} / {scheme}: {', '.join(v)}" for (task, scheme), v in halves.items()]
+    halves.setdefault(key[:-1], []).append("never" if step is None else str(step))
+  keys = report.distinguishing_hparams(members)
+  lines = [f"- {cell[0]} / {report.cell_label(cell, keys)}: {', '.join(v)}"
+           for cell, v in halves.items()]
   return (table + "\n\nSteps until the attention mass on the prior's pairs fell below half "
           "its initial value, per seed:\n\n" + "\n".join(lines))
 
@@ -300,11 +336,10 @@ def persistence_table(run_dir: pathlib.Path, members: list[dict]) -> str | None:
 def with_history_metrics(members: list[dict], run_dir: pathlib.Path, metrics_of) -> list[dict]:
   """Members with the metrics `metrics_of(history)` computes from their evaluation history
   (their metrics.jsonl records in step order), e.g. the steps to a target."""
-  key = lambda r: (r["task"], r["scheme"], r["seed"], json.dumps(r["hparams"], sort_keys=True))
   history: dict = {}
   for r in report.read_metrics(run_dir):
-    history.setdefault(key(r), []).append(r)
-  return [m | {"metrics": m["metrics"] | metrics_of(history.get(key(m), []))}
+    history.setdefault(report.member_key(r), []).append(r)
+  return [m | {"metrics": m["metrics"] | metrics_of(history.get(report.member_key(m), []))}
           for m in members]
 
 
@@ -326,11 +361,12 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   a gs:// URL the staging folder `run_folder.push` uploads."""
   preset, variants = config_lib.make_configs(experiment, preset, overrides)
   cfg = variants[0][1]
+  default_out = f"runs/{config_lib.experiment_stem(experiment)}-{preset}"
   if out_dir is None:
-    out_dir = f"runs/{experiment.NAME}-{preset}"
+    out_dir = default_out
   if not str(out_dir).strip():
-    raise ValueError("--out is empty; give a run folder, or leave --out out for "
-                     f"runs/{experiment.NAME}-{preset}.")
+    raise ValueError(f"--out is empty; give a run folder, or leave --out out for "
+                     f"{default_out}.")
   out = os.fspath(out_dir)
   url = run_folder.is_url(out)
   if url:
@@ -339,23 +375,34 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   checkpoints = run_folder.checkpoint_root(out)
   # Where process 0 writes the other files: the folder itself, or a URL's staging folder.
   run_dir = run_folder.staging_dir(out) if url else pathlib.Path(out)
+  command = config_lib.command_line(experiment, preset, overrides, out)
   saved_config = {"experiment": experiment.NAME, "preset": preset,
                   "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
   if variants[0][0]:  # An architecture sweep: the first variant's config and the values.
     saved_config["sweep"] = {k: [labels[k] for labels, _ in variants] for k in variants[0][0]}
+  if hasattr(experiment, "fingerprint"):  # E.g. each Boolean task's definition.
+    saved_config[FINGERPRINT] = experiment.fingerprint(cfg)
+  saved_config[INFORMATIONAL] = {"command": command,
+                                 "experiment_file": getattr(experiment, "__file__", None)}
+  # Built before anything is written: a config the family refuses leaves no folder.
+  groups = [labelled(group, labels) for labels, variant in variants
+            for group in experiment.build_groups(variant)]
+  if len({g.name for g in groups}) != len(groups):
+    raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
+                     "each group needs its own checkpoint folder.")
   # Every check comes before the first write: a refused run leaves the folder as it was.
   # All processes check (each must refuse alike); process 0 alone writes, then all wait.
   if not url:
     _check_run_dir(run_dir)
   primary = distributed.is_primary()
   if resume:
-    _check_resume_config(root, saved_config)
+    _check_resume_config(root, checkpoints, saved_config)
     _check_checkpoint_configs(checkpoints, saved_config)
     completed = completed_steps(checkpoints)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:
     _check_fresh(root, checkpoints)
-    keep = None
+    keep = lambda r: False  # What a failed start wrote (its step-0 evaluation) goes.
   if primary:
     run_folder.pull(out, run_dir)
     if not resume:
@@ -364,14 +411,9 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   distributed.barrier("mpx-run-checked")
   mesh = engine.member_mesh(devices)
   if primary:
-    staged = f" (files staged in {run_dir})" if url else ""
-    print(f"mpx run {experiment.NAME} --preset {preset} → {out}{staged} "
-          f"({jax.device_count()} {jax.default_backend()} device(s))", file=sys.stderr)
-  groups = [labelled(group, labels) for labels, variant in variants
-            for group in experiment.build_groups(variant)]
-  if len({g.name for g in groups}) != len(groups):
-    raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
-                     "each group needs its own checkpoint folder.")
+    staged = f"; files staged in {run_dir}" if url else ""
+    print(f"{command}{' --resume' if resume else ''}  ({jax.device_count()} "
+          f"{jax.default_backend()} device(s){staged})", file=sys.stderr)
   if primary and hasattr(experiment, "save_run_files"):  # E.g. the tokenizer a run trained.
     for _, variant in variants:
       experiment.save_run_files(variant, run_dir)
