@@ -38,14 +38,24 @@ PAPER = {
                 "mask": {"accuracy": 0.9566}},
 }
 
+# Memory, sized for one 80 GB accelerator of which jax takes 75% by default (60 GB): one
+# ViT-Tiny member at batch 512 needs 37.5 GB (224 px) / 51.6 GB (32 px) of temporaries
+# (XLA's estimate, benchmarks/vision_throughput.py), so members train one at a time
+# (members_per_call=1, the same results). Beside it: the 15 member states (params, AdamW
+# moments, initial params: 4 × 6.9M / 7.7M floats each, twice for the update) 3.3 / 3.7 GB,
+# and up to 5 chunks of uint8 images (2 prefetched, 1 placed by the feeder, 2 dispatched:
+# mpx.sweep.memory), each chunk_steps × 512 × (224² or 32²) × 3 B × 3 seeds' streams (the
+# most a chunk carries): 10 steps 2.31 GB, 100 steps 0.47 GB. 224 px: 37.5 + 3.3 + 5 × 2.31
+# = 52.4 GB; 32 px: 51.6 + 3.7 + 5 × 0.47 = 57.7 GB. `mpx run` prints XLA's plan of the
+# real program at the start of each group.
 _RECIPE_224 = dict(image_size=224, patch_size=16, pool="cls", pos_embed="learned",
                    drop_path=0.1, learning_rate=2e-3, weight_decay=0.05, batch_size=512,
-                   epochs=300, warmup_epochs=50, crop="random_resized", chunk_steps=100,
-                   eval_every=5000, checkpoint_every=1000)
+                   epochs=300, warmup_epochs=50, crop="random_resized", chunk_steps=10,
+                   members_per_call=1, eval_every=5000, checkpoint_every=1000)
 _RECIPE_32 = dict(image_size=32, patch_size=2, pool="gap", pos_embed="sincos2d",
                   drop_path=0.1, learning_rate=1e-3, weight_decay=0.01, grad_clip=3.0,
                   batch_size=512, epochs=200, warmup_epochs=10, crop="pad", chunk_steps=100,
-                  eval_every=5000, checkpoint_every=1000)
+                  members_per_call=1, eval_every=5000, checkpoint_every=1000)
 
 PRESETS = {
     # The embedded default: a 2-layer width-32 ViT on 8×8 digits (patch 2: 4×4 grid + CLS;

@@ -6,6 +6,7 @@ synset, and the fake honours `decoders` (the label scan asks for undecoded image
 default mock would need TensorFlow to encode them).
 """
 
+import itertools
 import json
 from pathlib import Path
 
@@ -212,6 +213,33 @@ def test_stream_fn_feeds_the_engine_from_a_tfds_source():
   assert chunk["image"].shape == (2, 8, 24, 24, 3) and chunk["image"].dtype == np.uint8
   assert chunk["label"].dtype == np.int32 and chunk["label"].max() < 10
   _assert_same([{k: v[t] for k, v in chunk.items()} for t in range(2)], expected)
+
+
+def test_per_seed_stream_stacks_each_seeds_pipeline():
+  """Seeds 4 and 5: chunks [T, S, B, ...], row s is seed s's own pipeline (its order and
+  crops), and the last chunk is padded with its last step."""
+  def crop(example, rng):
+    y, x = rng.integers(0, 9, size=2)
+    return {"image": example["image"][y:y + 24, x:x + 24], "label": example["label"]}
+
+  with tfds.testing.mock_data(num_examples=20):
+    source = image_data.open_split("cifar10", "train")
+    fn = image_data.make_stream_fn(source, batch_size=8, preprocess=crop)
+    feeder = ChunkFeeder(Stream(batches=fn, seeds=(4, 5)), start_step=1, total_steps=4,
+                         chunk_steps=2, put=lambda chunk: chunk)
+    try:
+      chunks = [feeder.next(), feeder.next()]
+    finally:
+      feeder.close()
+    expected = {seed: list(itertools.islice(image_data.train_batches(
+        source, seed=seed, batch_size=8, preprocess=crop, start_step=1), 3))
+        for seed in (4, 5)}
+  assert chunks[0]["image"].shape == (2, 2, 8, 24, 24, 3)
+  assert chunks[0]["image"].dtype == np.uint8 and chunks[0]["label"].dtype == np.int32
+  for s, seed in enumerate((4, 5)):
+    steps = [{k: v[t, s] for k, v in chunk.items()} for chunk in chunks for t in range(2)]
+    _assert_same(steps, expected[seed] + expected[seed][-1:])  # Step 4 pads step 3.
+  assert not np.array_equal(chunks[0]["image"][:, 0], chunks[0]["image"][:, 1])
 
 
 def test_eval_arrays_in_record_order():

@@ -118,3 +118,77 @@ def test_schedules_and_bad_configs():
     optim.OptimConfig("sgd")
   with pytest.raises(ValueError, match="same hparam names"):
     optim.stack_hparams([{"learning_rate": 1.0}, {"lr": 1.0}])
+
+
+# --------------------------------------------------------------------------- decay groups
+
+
+def _paths(tree) -> dict[str, bool]:
+  return {optim.param_path(path): bool(leaf)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _vit_params(preset: str):
+  """The param tree (shapes only) of a vision preset's ViT."""
+  from mpx.sweep import config as config_lib
+  from mpx.tasks import vision
+  _, config = config_lib.make_config(config_lib.load_experiment("vision"), preset)
+  model = vision.make_model(config)
+  images = jnp.zeros((1, config.image_size, config.image_size, vision.channels(config)))
+  return jax.eval_shape(lambda: model.init(jax.random.key(0), images)["params"])
+
+
+@pytest.mark.parametrize("preset", ["cifar10", "cifar10_32"])
+def test_vit_recipe_decays_the_kernels_only(preset):
+  """DeiT / timm: no decay on pos_embed, the CLS token, biases (the Q/K/V biases are
+  [H, head_dim] here, not 1-D) and LayerNorm scales; the mask never decays."""
+  from mpx.tasks import vision
+  decays = _paths(optim.decay_tree(optim.OptimConfig("adamw",
+                                                     no_decay=vision.NO_WEIGHT_DECAY),
+                                   _vit_params(preset)))
+  assert {p for p, d in decays.items() if d} == {p for p in decays if p.endswith("/kernel")}
+  assert not decays["block_0/attention/query/bias"] and not decays["final_norm/scale"]
+  assert not decays["block_0/attention/mask_logits"]
+  learned = preset == "cifar10"  # 224 px: CLS and learned positions; 32 px: GAP, sin-cos.
+  assert ("pos_embed" in decays) == ("cls" in decays) == learned
+  if learned:
+    assert not decays["pos_embed"] and not decays["cls"]
+
+
+def test_exempt_leaves_keep_their_values_under_adamw():
+  """One AdamW step with zero gradients: exactly the decayed leaves shrink by lr·wd."""
+  from mpx.tasks import vision
+  params = jax.tree_util.tree_map(lambda s: jnp.ones(s.shape, s.dtype),
+                                  _vit_params("cifar10"))
+  config = optim.OptimConfig("adamw", no_decay=vision.NO_WEIGHT_DECAY)
+  tx = optim.make_optimizer(config, {"learning_rate": LR, "weight_decay": WD,
+                                     "mask_lr_multiplier": 1.0})
+  updates, _ = tx.update(jax.tree_util.tree_map(jnp.zeros_like, params), tx.init(params),
+                         params)
+  new = optax.apply_updates(params, updates)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(new):
+    name = optim.param_path(path)
+    expected = 1 - LR * WD if name.endswith("/kernel") else 1.0
+    np.testing.assert_allclose(leaf, expected, rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["boolean_gotu", "arithmetic", "language"])
+def test_token_families_decay_every_weight_but_the_mask(name):
+  """The GOTU code's decay (Boolean: coupled L2; arithmetic, language: AdamW) stays on
+  every weight but the mask: these families declare no exemptions."""
+  from mpx.sweep import config as config_lib
+  experiment = config_lib.load_experiment(name)
+  _, config = config_lib.make_config(experiment, "tiny")
+  group = experiment.build_groups(config)[0]
+  decays = _paths(optim.decay_tree(group.optim, group.task.init(group.members[0])))
+  assert group.optim.no_decay == ()
+  assert {p for p, d in decays.items() if not d} == {
+      p for p in decays if p.endswith("/mask_logits")}
+  assert len(decays) > 10
+
+
+def test_bad_no_decay_rules_name_the_fix():
+  with pytest.raises(ValueError, match=r"must be a tuple of patterns, e\.g\. \('pos_embed',\)"):
+    optim.OptimConfig(no_decay="pos_embed")
+  with pytest.raises(ValueError, match="not a regex"):
+    optim.OptimConfig(no_decay=("(bias",))

@@ -17,6 +17,7 @@ import pytest
 
 import sweep_fixtures as fx
 from mpx.sweep import DeviceData, EvalData, Stream, engine, optim
+from mpx.sweep.data import ChunkFeeder
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
@@ -177,12 +178,14 @@ import jax, numpy as np
 import sweep_fixtures as fx
 from mpx.sweep import engine
 assert jax.device_count() == 8, jax.devices()
+from test_sweep_engine import per_seed_group
 members = [fx.member(i, s) for i, s in enumerate(["mask", "default", "qk_svd"])]
 mesh = engine.member_mesh()
 state = fx.train(fx.group(members), mesh=mesh)
+streamed = fx.train(per_seed_group(), mesh=mesh)
 sharding = state.params["head"]["kernel"].sharding
-print(json.dumps({{"leaves": [np.asarray(x)[:3].tolist() for x in
-                             jax.tree_util.tree_leaves(state.params)],
+first = lambda tree, n: [np.asarray(x)[:n].tolist() for x in jax.tree_util.tree_leaves(tree)]
+print(json.dumps({{"leaves": first(state.params, 3), "streamed": first(streamed.params, 5),
                   "sharded": len(sharding.device_set)}}))
 """
 
@@ -200,6 +203,10 @@ def test_multi_device_sweep_matches_single_device():
   members = [fx.member(i, s) for i, s in enumerate(["mask", "default", "qk_svd"])]
   single = fx.train(fx.group(members))
   for multi, leaf in zip(result["leaves"], jax.tree_util.tree_leaves(single.params)):
+    np.testing.assert_allclose(np.asarray(multi), np.asarray(leaf), atol=1e-6, rtol=1e-6)
+  # One stream per seed: each device gathers its members' rows of the replicated chunk.
+  streamed = fx.train(per_seed_group())
+  for multi, leaf in zip(result["streamed"], jax.tree_util.tree_leaves(streamed.params)):
     np.testing.assert_allclose(np.asarray(multi), np.asarray(leaf), atol=1e-6, rtol=1e-6)
 
 
@@ -304,6 +311,84 @@ def test_stream_that_ends_early_is_a_clear_error():
   short = Stream(lambda seed, start: iter([next(fx.regression_stream(seed, start))] * 5))
   with pytest.raises(ValueError, match="the stream ended at step 5, before the group's 12"):
     fx.train(_stream_group([fx.member(0)], stream=short))
+
+
+# Seeds 0 and 1, two schemes each, and seed 2 once: 5 members on 3 streams.
+PER_SEED_MEMBERS = [fx.member(0), fx.member(1), fx.member(0, "default", lr=3e-3),
+                    fx.member(1, "default"), fx.member(2, "qk_svd")]
+
+
+def per_seed_group(task=fx.TASK, steps=12):
+  """The toy group on one regression stream per member seed."""
+  return fx.group(PER_SEED_MEMBERS, steps=steps, task=task,
+                  data=Stream(fx.regression_stream, seeds=(2, 0, 1)))
+
+
+def _batch_fingerprint(x, y, xp=jnp):
+  """A number that tells batches apart: position-weighted sums of x and y."""
+  weights = 1 + xp.arange(x.size, dtype=xp.float32).reshape(x.shape)
+  return xp.sum(x * weights) + xp.sum(y)
+
+
+def test_each_seed_reads_its_own_stream_and_its_schemes_share_it():
+  def loss(params, batch, key):
+    value, aux = fx.loss_fn(params, batch, key)
+    return value, aux | {"fingerprint": _batch_fingerprint(batch["x"], batch["y"])}
+
+  g = per_seed_group(dataclasses.replace(fx.TASK, loss=loss))
+  state, hp, _ = engine.place(g, engine.init_state(g), None)
+  feeder = ChunkFeeder(g.data, 0, g.steps, 3, put=lambda chunk: chunk)
+  try:
+    chunk = feeder.next()
+  finally:
+    feeder.close()
+  assert chunk["x"].shape == (3, 3, 16, fx.N_BITS)                  # [T, S, B, ...]
+  _, out = engine.make_train_chunk(g, 3)(state, hp, chunk)
+  printed = np.asarray(out["train_fingerprint"])
+  for member, value in zip(g.members, printed):  # Member k read batches(its seed, step).
+    batches = [next(fx.regression_stream(member.seed, step)) for step in range(3)]
+    expected = np.mean([_batch_fingerprint(b["x"], b["y"], np) for b in batches])
+    np.testing.assert_allclose(value, expected, rtol=1e-6)
+  assert printed[0] == printed[2] and printed[1] == printed[3]      # A seed's schemes pair.
+  assert len({printed[0], printed[1], printed[4]}) == 3             # Seeds differ.
+
+
+def test_per_seed_streams_train_each_member_as_on_its_own_stream():
+  g = per_seed_group()
+  swept = fx.train(g, chunk_steps=4)
+  for i in (0, 3, 4):
+    member = g.members[i]
+    alone = fx.train(_stream_group([member], stream=Stream(fx.regression_stream,
+                                                           seed=member.seed)), chunk_steps=4)
+    chex.assert_trees_all_close(engine.unstack(swept.params, i),
+                                engine.unstack(alone.params, 0), atol=1e-5, rtol=1e-5)
+
+
+def test_per_seed_stream_resume_is_bit_exact_and_chunking_free():
+  g = per_seed_group()
+  whole = fx.train(g, chunk_steps=3)
+  half = fx.train(dataclasses.replace(g, steps=6), chunk_steps=3)
+  _assert_same_params(whole, fx.train(g, chunk_steps=3, state=half), atol=0)
+  _assert_same_params(whole, fx.train(g, chunk_steps=5))            # Last chunk padded.
+
+
+def test_stream_seeds_must_cover_the_members():
+  with pytest.raises(ValueError, match=r"seeds \[1\] have no stream.*seeds=\(0, 1\)"):
+    _stream_group([fx.member(0), fx.member(1)], stream=Stream(fx.regression_stream,
+                                                              seeds=(0,)))
+  with pytest.raises(ValueError, match="must be distinct and not empty"):
+    Stream(fx.regression_stream, seeds=(0, 0))
+  one = Stream(fx.regression_stream, seeds=(3,))                     # One seed: shared.
+  assert not one.stacked and one.stream_of([3, 3]) == (0, 0)
+  assert Stream(fx.regression_stream, seeds=(0, 1)).stream_of([1, 0, 1]) == (1, 0, 1)
+
+
+def test_chunk_bytes_count_every_stream():
+  batch = next(fx.regression_stream(0, 0))
+  per_step = batch["x"].nbytes + batch["y"].nbytes
+  assert Stream(fx.regression_stream).chunk_nbytes(batch, 4) == 4 * per_step
+  three = Stream(fx.regression_stream, seeds=(0, 1, 2))
+  assert three.num_streams == 3 and three.chunk_nbytes(batch, 4) == 12 * per_step
 
 
 def test_readme_engine_example_trains_every_member():

@@ -3,6 +3,7 @@ trains a finite step through the real pipeline, the paper presets build their da
 missing dataset is one message, and members mix with their own keys."""
 
 import dataclasses
+import math
 
 import jax
 import numpy as np
@@ -15,7 +16,9 @@ pytest.importorskip("sklearn")
 from mpx import cli, schemes  # noqa: E402
 from mpx.nn.vit import n_tokens  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
-from mpx.sweep import run  # noqa: E402
+from mpx.sweep import EvalData, Stream, engine, run  # noqa: E402
+from mpx.sweep import evaluate as evaluate_lib  # noqa: E402
+from mpx.sweep.data import ChunkFeeder  # noqa: E402
 from mpx.tasks import vision  # noqa: E402
 from test_image_data import _fake_imagenet, _records  # noqa: E402
 
@@ -127,3 +130,85 @@ def test_digits_are_the_embedded_set():
   assert train["image"].shape == (1347, 8, 8, 1) and test["image"].shape == (450, 8, 8, 1)
   assert train["image"].dtype == np.uint8 and train["image"].max() == 255
   assert set(np.unique(test["label"])) == set(range(10))
+
+
+# --------------------------------------------------------------------------- metrics, golden
+
+
+def _tiny(**overrides):
+  _, config = config_lib.make_config(EXPERIMENT, "tiny")
+  return dataclasses.replace(config, **overrides)
+
+
+def test_accuracy_and_loss_are_the_hand_computed_values():
+  """A head that ignores the image (kernel 0, bias 2 on class 3) predicts 3 everywhere:
+  labels [3, 1, 3, 7, 3] give top-1 3/5 and loss log(9 + e²) − 2·3/5. Batches of 2 pad
+  the 5 images to 6: a counted padding copy would read 4/6."""
+  config = _tiny()
+  task = vision.make_task(config)
+  member = vision.members(config, 1.0)[0]
+  train, _ = vision.open_splits(config)
+  images = np.stack([train[i]["image"] for i in range(5)])
+  evaluation = EvalData({"image": images, "label": np.array([3, 1, 3, 7, 3], np.int32)}, 2)
+  group = engine.Group(name="hand", members=[member], task=task,
+                       data=Stream(lambda seed, step: iter(())), eval_data=evaluation,
+                       steps=1, batch_size=2)
+  params = task.init(member)
+  params["head"] = {"kernel": np.zeros_like(params["head"]["kernel"]),
+                    "bias": np.eye(10, dtype=np.float32)[3] * 2}
+  state = engine.init_state(group)._replace(params=engine.stack([params]))
+  (metrics,) = evaluate_lib.Evaluator(group)(state)
+  assert metrics["accuracy"] == pytest.approx(0.6, abs=1e-7)
+  assert metrics["loss"] == pytest.approx(math.log(9 + math.e ** 2) - 1.2, rel=1e-6)
+
+
+# The tiny preset's training loss in its first two steps, members [default, mask]:
+# init, host pipeline, loss and AdamW (with DeiT's decay groups) end to end. Recorded on
+# this CPU; the tolerance allows other XLA versions' float reassociation only.
+GOLDEN_TINY = ([2.301163911819458, 2.301163911819458],
+               [2.459913730621338, 2.4599132537841797])
+
+
+def _first_losses(group, steps=2):
+  state, hparams, _ = engine.place(group, engine.init_state(group), None)
+  chunk = engine.make_train_chunk(group, 1)
+  feeder = ChunkFeeder(group.data, 0, group.steps, 1, put=lambda c: c)
+  losses = []
+  try:
+    for _ in range(steps):
+      state, out = chunk(state, hparams, feeder.next())
+      losses.append(np.asarray(out["train_loss"]))
+  finally:
+    feeder.close()
+  return losses
+
+
+def test_tiny_first_steps_match_the_golden_losses():
+  (group,) = EXPERIMENT.build_groups(_tiny())
+  assert [m.scheme for m in group.members] == ["default", "mask"]
+  assert group.optim.no_decay == vision.NO_WEIGHT_DECAY
+  np.testing.assert_allclose(_first_losses(group), GOLDEN_TINY, rtol=2e-6)
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def test_each_seed_has_its_own_stream_and_resumes_bit_exact():
+  """Two seeds × {default, mask}: the group streams seeds 0 and 1, each seed's schemes
+  read its row (seed 0's row is the one-stream group's stream), and a run stopped at
+  step 4 resumes to the uninterrupted run's params to the last bit."""
+  (group,) = EXPERIMENT.build_groups(_tiny(seeds=2))
+  seeds = [m.seed for m in group.members]
+  assert seeds == [0, 1, 0, 1] and group.data.stream_seeds == (0, 1)
+  assert group.data.stream_of(seeds) == (0, 1, 0, 1)
+  (shared,) = EXPERIMENT.build_groups(_tiny())
+  first = lambda stream, seed: next(stream.batches(seed, 0))
+  np.testing.assert_array_equal(first(group.data, 0)["image"],
+                                first(shared.data, shared.data.seed)["image"])
+  assert not np.array_equal(first(group.data, 0)["image"], first(group.data, 1)["image"])
+  whole, _ = run.fit(group, chunk_steps=4)
+  half, _ = run.fit(dataclasses.replace(group, steps=4), chunk_steps=4)
+  resumed, _ = run.fit(group, chunk_steps=4, state=half)
+  for a, b in zip(jax.tree_util.tree_leaves(whole.params),
+                  jax.tree_util.tree_leaves(resumed.params)):
+    np.testing.assert_array_equal(a, b)

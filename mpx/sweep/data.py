@@ -3,8 +3,9 @@
 `DeviceData` suits data that fits on the accelerator (the Boolean cube, arithmetic
 problems): batches are drawn inside the compiled step, so chunking and resuming cannot
 change them. `Stream` suits data that does not (images from a tf.data or grain pipeline):
-a host iterator feeds each chunk's `[T, B, ...]` batches, prepared by a background thread
-while the device trains on the previous chunk.
+a host iterator feeds each chunk's `[T, B, ...]` batches (`[T, S, B, ...]` with one stream
+per member seed), prepared by a background thread while the device trains on the
+previous chunk.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -61,8 +62,15 @@ class DeviceData:
 
 @dataclasses.dataclass(frozen=True)
 class Stream:
-  """Host batches shared by every member: `batches(seed, start_step)` yields the batch of
-  step `start_step`, then of each following step, as `{name: [B, ...]}` numpy arrays.
+  """Host batches: `batches(seed, start_step)` yields the batch of step `start_step`,
+  then of each following step, as `{name: [B, ...]}` numpy arrays.
+
+  seed: the one stream every member shares (chunks `[T, B, ...]`).
+  seeds: instead, one stream per member seed, `batches(s, step)` for each s in `seeds`;
+    a member reads its own seed's stream, so the schemes of a seed stay paired on the
+    same batches while the seeds see independent ones (chunks `[T, S, B, ...]`, the
+    member's row gathered on device; S = 1 is the shared layout). Every member's seed
+    must be in `seeds`.
 
   Resume guarantee: a resumed run calls `batches(seed, step)` at the checkpoint's step,
   so it is bit-exact exactly when the iterator is a function of (seed, step) — e.g. a
@@ -73,6 +81,45 @@ class Stream:
   batches: Callable[[int, int], Iterator[Mapping[str, np.ndarray]]]
   seed: int = 0
   prefetch: int = 2  # chunks prepared ahead of the device
+  seeds: tuple[int, ...] | None = None
+
+  def __post_init__(self):
+    if self.seeds is not None:
+      seeds = tuple(int(s) for s in self.seeds)
+      if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"Stream seeds={self.seeds} must be distinct and not empty; give "
+                         "each member seed once (or seed=… for one shared stream).")
+      object.__setattr__(self, "seeds", seeds)
+
+  @property
+  def stream_seeds(self) -> tuple[int, ...]:
+    """The seed of each stream, in the order of a chunk's S axis."""
+    return (self.seed,) if self.seeds is None else self.seeds
+
+  @property
+  def num_streams(self) -> int:
+    """S: the chunk holds S batches per step (1: the shared `[T, B, ...]` layout)."""
+    return len(self.stream_seeds)
+
+  @property
+  def stacked(self) -> bool:
+    """Whether chunks carry the stream axis S (more than one stream)."""
+    return self.num_streams > 1
+
+  def stream_of(self, member_seeds: Sequence[int]) -> tuple[int, ...]:
+    """The stream (S index) each member reads, from the members' seeds."""
+    if self.seeds is None:
+      return (0,) * len(member_seeds)
+    missing = sorted(set(member_seeds) - set(self.seeds))
+    if missing:
+      raise ValueError(f"members of seeds {missing} have no stream; give the Stream every "
+                       f"member seed: seeds={tuple(sorted(set(member_seeds)))}.")
+    return tuple(self.seeds.index(s) for s in member_seeds)
+
+  def chunk_nbytes(self, batch: Mapping[str, np.ndarray], chunk_steps: int) -> int:
+    """Bytes of one chunk of `chunk_steps` steps whose per-stream batch is like `batch`
+    (e.g. `next(stream.batches(stream.stream_seeds[0], 0))`): what each prefetched chunk holds."""
+    return self.num_streams * chunk_steps * sum(np.asarray(v).nbytes for v in batch.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +150,10 @@ class EvalData:
 
 
 class ChunkFeeder:
-  """Stacks a stream's batches into chunks `{name: [T, B, ...]}` on a background thread,
-  `stream.prefetch` chunks ahead, placed with `put` (e.g. replicated over the mesh).
+  """Stacks a stream's batches into chunks `{name: [T, B, ...]}` (`[T, S, B, ...]` when
+  `stream.stacked`: the step axis leads, so the scan slices a step without a transpose) on
+  a background thread, `stream.prefetch` chunks ahead, placed with `put` (e.g. replicated
+  over the mesh: every device holds every stream, whichever members it trains).
 
   The chunk holding the last step is padded by repeating its last batch: the engine
   treats steps past the end as no-ops. An exception in the thread is raised by `next`.
@@ -121,19 +170,12 @@ class ChunkFeeder:
 
   def _fill(self, stream, start_step, total_steps, chunk_steps, put):
     try:
-      iterator = iter(stream.batches(stream.seed, start_step))
+      iterators = {seed: iter(stream.batches(seed, start_step))
+                   for seed in stream.stream_seeds}
       for first in range(start_step, total_steps, chunk_steps):
         real = min(chunk_steps, total_steps - first)
-        batches = []
-        for step in range(first, first + real):
-          batch = next(iterator, None)
-          if batch is None:
-            raise ValueError(f"the stream ended at step {step}, before the group's "
-                             f"{total_steps} steps; make it yield at least that many "
-                             "batches (e.g. repeat its epochs).")
-          batches.append(batch)
-        batches += batches[-1:] * (chunk_steps - real)
-        chunk = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+        chunk = _read_chunk(iterators, first, real, chunk_steps, total_steps,
+                            stream.stacked)
         if not self._put(put(chunk)):
           return
     except BaseException as error:  # Raised in the training thread by `next`.
@@ -157,3 +199,30 @@ class ChunkFeeder:
   def close(self) -> None:
     self._stop.set()
     self._thread.join(timeout=5)
+
+
+def _read_chunk(iterators: Mapping[int, Iterator], first: int, real: int, chunk_steps: int,
+                total_steps: int, stacked: bool) -> dict[str, np.ndarray]:
+  """Steps `first … first + real − 1` of every stream, written once into the chunk's
+  arrays `[chunk_steps, (S,) B, ...]` (no intermediate stack); padding repeats the last."""
+  chunk_TSB: dict[str, np.ndarray] = {}
+  for t, step in enumerate(range(first, first + real)):
+    for s, (seed, iterator) in enumerate(iterators.items()):
+      batch = next(iterator, None)
+      if batch is None:
+        raise ValueError(f"the stream ended at step {step}, before the group's "
+                         f"{total_steps} steps (seed {seed}); make it yield at least that "
+                         "many batches (e.g. repeat its epochs).")
+      if not chunk_TSB:
+        lead = (chunk_steps, len(iterators)) if stacked else (chunk_steps,)
+        chunk_TSB = {k: np.empty(lead + np.shape(v), np.asarray(v).dtype)
+                     for k, v in batch.items()}
+      if batch.keys() != chunk_TSB.keys():
+        raise ValueError(f"the stream's batch of step {step} (seed {seed}) has keys "
+                         f"{sorted(batch)}, the chunk's first {sorted(chunk_TSB)}; yield "
+                         "the same names every step.")
+      for k, v in batch.items():
+        chunk_TSB[k][(t, s) if stacked else t] = v
+  for array in chunk_TSB.values():
+    array[real:] = array[real - 1]
+  return chunk_TSB

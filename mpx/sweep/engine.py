@@ -7,8 +7,9 @@ the same param tree. A `Task` is written for ONE member; the engine maps it over
 
 `make_train_chunk` returns `jit(scan(map_members(step)))`: `chunk_steps` steps of all
 members, state donated. Device data is sampled inside the step from
-`fold_in(member_key, step)`; a `Stream`'s batches come in as `[T, B, ...]` arguments.
-Either way a result does not depend on how the run was chunked or resumed.
+`fold_in(member_key, step)`; a `Stream`'s batches come in as `[T, B, ...]` arguments
+(`[T, S, B, ...]` with one stream per seed: each member gathers its seed's row). Either
+way a result does not depend on how the run was chunked or resumed.
 """
 
 from __future__ import annotations
@@ -130,7 +131,9 @@ class Group:
                        f"patterns for {len(self.members)} members; give one per member.")
     if isinstance(self.data, DeviceData):
       self.data.check(len(self.members), self.batch_size)
-    elif not isinstance(self.data, Stream):
+    elif isinstance(self.data, Stream):
+      self.data.stream_of([m.seed for m in self.members])  # Every seed has its stream.
+    else:
       raise TypeError(f"group {self.name!r}: data must be a DeviceData or a Stream; got "
                       f"{type(self.data).__name__}.")
 
@@ -268,7 +271,9 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
   """`(state, hparams, data) → (state, out)` for `chunk_steps` steps of every member.
 
   `data` is the device arrays (`group.data.arrays`, as placed by `place`) or, for a
-  `Stream`, the chunk's batches `{name: [chunk_steps, B, ...]}` shared by all members.
+  `Stream`, the chunk's batches `{name: [chunk_steps, B, ...]}` shared by all members
+  (`[chunk_steps, S, B, ...]` when `stream.stacked`: member k reads row
+  `stream.stream_of(seeds)[k]`, a static index gathered inside the member map).
   `out` is {"train_loss", "train_<aux>": [K] means over the chunk's steps, "alive": [K]}:
   arrays apart from the donated state, so the host reads them while the next chunk runs.
 
@@ -283,21 +288,25 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
   data = group.data
   kind = ("stream", None) if isinstance(data, Stream) else (
       "per_member" if data.per_member else "shared", data.sampling)
-  return _compiled_chunk(group.task.loss, group.optim, kind, group.batch_size, group.steps,
-                         chunk_steps, group.members_per_call)
+  stream_rows = (data.stream_of([m.seed for m in group.members])
+                 if isinstance(data, Stream) and data.stacked else None)
+  return _compiled_chunk(group.task.loss, group.optim, kind, stream_rows, group.batch_size,
+                         group.steps, chunk_steps, group.members_per_call)
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled_chunk(loss, optim_config, kind, batch_size, total_steps, chunk_steps,
-                    members_per_call):
+def _compiled_chunk(loss, optim_config, kind, stream_rows, batch_size, total_steps,
+                    chunk_steps, members_per_call):
   member_step = make_member_step(loss, optim_config)
   layout, sampling = kind
 
   def one_member(member_args, shared):
-    params, opt_state, raw_key, alive, diverged_step, hparams, own, order = member_args
+    (params, opt_state, raw_key, alive, diverged_step, hparams, own, order,
+     stream_row) = member_args
     arrays, step = shared
     if layout == "stream":
-      batch = arrays
+      batch = arrays if stream_row is None else {
+          name: array_SB[stream_row] for name, array_SB in arrays.items()}
     else:
       arrays = own if layout == "per_member" else arrays
       num_examples = next(iter(arrays.values())).shape[0]
@@ -312,6 +321,9 @@ def _compiled_chunk(loss, optim_config, kind, batch_size, total_steps, chunk_ste
   def chunk(state: SweepState, hparams, data):
     initial = state.initial  # Constant: kept out of the loop carry.
     own = data if layout == "per_member" else None
+    rows_K = None if stream_rows is None else jnp.asarray(
+        np.asarray(stream_rows, np.int32)[padded_members(state.alive.shape[0],
+                                                         len(stream_rows))])
     if layout != "stream":
       num_examples = next(iter(data.values())).shape[1 if layout == "per_member" else 0]
       per_epoch = num_examples // batch_size
@@ -328,7 +340,7 @@ def _compiled_chunk(loss, optim_config, kind, batch_size, total_steps, chunk_ste
       shared = batches if layout == "stream" else (None if own is not None else data)
       params, opt_state, alive, diverged_step, scalars = step_members(
           (state.params, state.opt_state, state.key, state.alive, state.diverged_step,
-           hparams, own, order), (shared, step))
+           hparams, own, order, rows_K), (shared, step))
       active = step < total_steps
       new = state._replace(params=params, opt_state=opt_state, alive=alive,
                            diverged_step=diverged_step, step=state.step + 1, order=order)
@@ -365,6 +377,11 @@ def padded_size(num_members: int, mesh: Mesh | None) -> int:
   return -(-num_members // n) * n
 
 
+def padded_members(size: int, num_members: int) -> np.ndarray:
+  """The member each of the `size` global rows holds: padding repeats the last member."""
+  return np.minimum(np.arange(size), num_members - 1)
+
+
 def member_rows(num_members: int, mesh: Mesh | None) -> np.ndarray:
   """The member index of each row this process's devices hold, in row order; padding
   rows repeat the last member. All rows on one process."""
@@ -374,7 +391,7 @@ def member_rows(num_members: int, mesh: Mesh | None) -> np.ndarray:
     index_map = NamedSharding(mesh, PartitionSpec(MEMBER_AXIS)).addressable_devices_indices_map(
         (size,))
     rows = np.unique(np.concatenate([rows[index] for index in index_map.values()]))
-  return np.minimum(rows, num_members - 1)
+  return padded_members(size, num_members)[rows]
 
 
 def take_rows(tree: PyTree, rows: np.ndarray) -> PyTree:

@@ -8,6 +8,7 @@ new learning rate or weight decay changes values, never the compiled program. On
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Mapping
 
 import jax
@@ -34,7 +35,11 @@ class OptimConfig:
   Per-member values live in hparams: `learning_rate`, `weight_decay` and
   `mask_lr_multiplier` (the mask's learning rate relative to the rest; 0 freezes it);
   optionally `position_lr_multiplier`, the same for the `pos_embed` leaf.
-  The mask never gets weight decay: decay would pull the prior towards M = 0.
+  no_decay: the parameter group without weight decay, declared once per family as
+    regexes over the `/`-joined param path (`param_path`), full matches, e.g.
+    `(r"pos_embed", r".*/bias")`; () decays every weight (the GOTU code's coupled L2).
+    The mask never gets weight decay, whatever the rules: decay would pull the prior
+    towards M = 0.
   """
   optimizer: str = "adam_l2"
   schedule: str = "constant"
@@ -44,6 +49,7 @@ class OptimConfig:
   b1: float = 0.9
   b2: float = 0.999
   eps: float = 1e-8
+  no_decay: tuple[str, ...] = ()
 
   def __post_init__(self):
     if self.optimizer not in OPTIMIZERS:
@@ -53,6 +59,14 @@ class OptimConfig:
     if not 0 <= self.warmup_steps < max(self.total_steps, 1):
       raise ValueError(f"warmup_steps={self.warmup_steps} must be in [0, total_steps="
                        f"{self.total_steps}).")
+    if isinstance(self.no_decay, str):
+      raise ValueError(f"no_decay={self.no_decay!r} must be a tuple of patterns, e.g. "
+                       f"({self.no_decay!r},).")
+    for pattern in self.no_decay:
+      try:
+        re.compile(pattern)
+      except re.error as error:
+        raise ValueError(f"no_decay pattern {pattern!r} is not a regex: {error}.") from None
 
 
 def schedule_shape(config: OptimConfig) -> optax.Schedule:
@@ -63,10 +77,21 @@ def schedule_shape(config: OptimConfig) -> optax.Schedule:
       0.0, 1.0, config.warmup_steps, config.total_steps, end_value=0.0)
 
 
-def is_mask_tree(params) -> "PyTree[bool]":
-  """True at every `mask_logits` leaf: the parameter group of the prior."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, _: attention.is_mask_path(path), params)
+def param_path(path) -> str:
+  """A pytree key path as the `no_decay` rules match it: "block_0/attention/query/bias"."""
+  return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
+def decays(config: OptimConfig, path) -> bool:
+  """Whether the leaf at `path` gets weight decay: not the mask, no `no_decay` match."""
+  name = param_path(path)
+  return not (attention.is_mask_path(path) or
+              any(re.fullmatch(pattern, name) for pattern in config.no_decay))
+
+
+def decay_tree(config: OptimConfig, params) -> "PyTree[bool]":
+  """True at every leaf that gets weight decay (static: decided by path alone)."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: decays(config, path), params)
 
 
 def is_position_path(path) -> bool:
@@ -96,8 +121,7 @@ def make_optimizer(config: OptimConfig,
   _check_hparams(hparams)
   lr = hparams["learning_rate"]
   wd = hparams["weight_decay"]
-  not_mask = lambda params: jax.tree_util.tree_map(lambda m: not m, is_mask_tree(params))
-  decay = optax.add_decayed_weights(wd, mask=not_mask)
+  decay = optax.add_decayed_weights(wd, mask=lambda params: decay_tree(config, params))
   shape = schedule_shape(config)
   parts = []
   if config.grad_clip is not None:

@@ -2,11 +2,12 @@
 impulse_opt, mask}, and the member-level `Task` the sweep engine trains.
 
 Data is a host `Stream` (`mpx.tasks.image_data`: tfds.data_source + grain, every batch a
-function of (seed, step)) shared by all members; augmentations that need no per-member
-randomness run on the host (crop, flip, RandAugment, random erasing: `mpx.tasks.augment`),
-mixup/cutmix and label smoothing run inside the member's loss from its own key, so the
-members of one vmapped program mix differently. `digits` is the embedded set: the 8×8
-handwritten digits scikit-learn ships (no download).
+function of (seed, step)), one per seed: a seed's schemes train on the same batches (paired
+comparisons), the seeds on independent orders and augmentations. Augmentations that need
+no per-member randomness run on the host (crop, flip, RandAugment, random erasing:
+`mpx.tasks.augment`), mixup/cutmix and label smoothing run inside the member's loss from
+its own key, so the members of one vmapped program mix differently. `digits` is the
+embedded set: the 8×8 handwritten digits scikit-learn ships (no download).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ PIXEL_STATS = {
 # Evaluation crop: CIFAR and digits are resized whole; ImageNet keeps the central 87.5%.
 EVAL_CROP_FRACTION = {"digits": 1.0, "cifar10": 1.0, "cifar100": 1.0, "imagenet100": 0.875}
 DIGITS_TEST = 450  # The embedded set's held-out images (1,797 in all, fixed split).
+# The leaves DeiT's AdamW (timm) does not decay: the model's `no_weight_decay()` names
+# (positions, CLS token) and every bias and LayerNorm scale (timm's "1-D or .bias" rule;
+# mpx's Q/K/V biases are [H, head_dim], hence by name). `optim.OptimConfig.no_decay`.
+NO_WEIGHT_DECAY = (r"pos_embed", r"cls", r"(.*/)?bias", r"(.*/)?scale")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +59,7 @@ class Config(PriorConfig):
   designs: the mask scheme's priors, "window" (`window`×`window` around each patch) and/or
     "impulse" (head h reads its 3×3 shift); CLS row and column stay open.
   epochs / steps: training length (steps, when set, wins); warmup_epochs of linear warmup,
-    then cosine decay to 0 (AdamW, decay on every weight but the mask).
+    then cosine decay to 0 (AdamW; no decay on the mask and `NO_WEIGHT_DECAY`).
   crop: "random_resized" (scale 0.08–1, the 224-px recipe; CIFAR is upsampled) or "pad"
     (a random crop of the image padded by image_size / 8, the 32-px recipe).
   flip, randaugment_ops / randaugment_magnitude (0 = off), random_erasing: host
@@ -346,8 +351,9 @@ def members(config: Config, fraction: float) -> list[engine.Member]:
 
 def make_group(config: Config, fraction: float,
                group_members: Sequence[engine.Member], sources=None) -> engine.Group:
-  """One (dataset, fraction): every member trains on the same host stream; top-1 on the
-  whole evaluation split; the probe is its first `probe_size` images."""
+  """One (dataset, fraction): each seed's members train on that seed's host stream (the
+  same subset for all); top-1 on the whole evaluation split; the probe is its first
+  `probe_size` images."""
   train, test = sources or open_splits(config)
   train = subset(train, fraction, config.batch_size)
   evaluation = image_data.eval_arrays(test, eval_preprocess(config))
@@ -365,7 +371,8 @@ def make_group(config: Config, fraction: float,
       map_layers=("block_0", f"block_{config.depth - 1}"))
   stream = Stream(image_data.make_stream_fn(train, batch_size=config.batch_size,
                                             preprocess=train_preprocess(config),
-                                            num_threads=config.data_threads))
+                                            num_threads=config.data_threads),
+                  seeds=tuple(sorted({m.seed for m in group_members})))
   name = config.dataset if config.fractions == (1.0,) else f"{config.dataset}-f{fraction:g}"
   return engine.Group(
       name=name, members=list(group_members), task=make_task(config), data=stream,
@@ -373,4 +380,4 @@ def make_group(config: Config, fraction: float,
       batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
       optim=optim.OptimConfig(optimizer="adamw", schedule="warmup_cosine",
                               total_steps=steps, warmup_steps=warmup,
-                              grad_clip=config.grad_clip))
+                              grad_clip=config.grad_clip, no_decay=NO_WEIGHT_DECAY))
