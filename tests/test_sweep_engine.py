@@ -383,14 +383,6 @@ def test_stream_seeds_must_cover_the_members():
   assert Stream(fx.regression_stream, seeds=(0, 1)).stream_of([1, 0, 1]) == (1, 0, 1)
 
 
-def test_chunk_bytes_count_every_stream():
-  batch = next(fx.regression_stream(0, 0))
-  per_step = batch["x"].nbytes + batch["y"].nbytes
-  assert Stream(fx.regression_stream).chunk_nbytes(batch, 4) == 4 * per_step
-  three = Stream(fx.regression_stream, seeds=(0, 1, 2))
-  assert three.num_streams == 3 and three.chunk_nbytes(batch, 4) == 12 * per_step
-
-
 def test_readme_engine_example_trains_every_member():
   """The README's own-model block, as written: 8 members of a linear regression, the
   large learning rate fits it, the small one has barely moved in 300 steps."""

@@ -116,11 +116,6 @@ class Stream:
                        f"member seed: seeds={tuple(sorted(set(member_seeds)))}.")
     return tuple(self.seeds.index(s) for s in member_seeds)
 
-  def chunk_nbytes(self, batch: Mapping[str, np.ndarray], chunk_steps: int) -> int:
-    """Bytes of one chunk of `chunk_steps` steps whose per-stream batch is like `batch`
-    (e.g. `next(stream.batches(stream.stream_seeds[0], 0))`): what each prefetched chunk holds."""
-    return self.num_streams * chunk_steps * sum(np.asarray(v).nbytes for v in batch.values())
-
 
 @dataclasses.dataclass(frozen=True)
 class EvalData:
