@@ -20,8 +20,10 @@ in array_record format: `tfds build cifar10 --file_format=array_record --data_di
 then `export TFDS_DATA_DIR=DIR` or `--set data_dir=DIR`; a missing dataset prints the exact
 steps. The family code is `mpx.tasks.vision` (schemes: `mpx.schemes.apply_vision_scheme`;
 host pipeline: `mpx.tasks.image_data`; augmentations: `mpx.tasks.augment`); this file is
-the record. One group per (dataset, fraction): every scheme and seed in one vmapped
-program (`--set members_per_call=m` slices the members when memory is short).
+the record. One group per (dataset, fraction): every scheme and seed in one compiled
+program, each seed on its own data stream (shared by its schemes); the paper-scale presets
+map the members one at a time (`members_per_call=1`: a ViT-Tiny member needs 37–52 GB),
+the quick one vmaps them all.
 """
 
 from __future__ import annotations
