@@ -1,5 +1,5 @@
 """Boolean coverage: does a symmetric mask extrapolate exactly where the seen data covers
-the unseen classes? (issue #19; the hypothesis of ../shared/FINDINGS.md).
+the unseen classes? (the sum-class hypothesis, from the prototypes measured before mpx).
 
     mpx run boolean_coverage --preset tiny --out /tmp/cov_tiny   # 1 task, 1 seed: ~1 min (compiling)
     mpx run boolean_coverage --preset quick --out runs/cov-quick # 8 tasks × {default, mask} × 2 seeds

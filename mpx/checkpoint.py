@@ -282,6 +282,19 @@ def _check_step(step) -> int:
   return int(step)
 
 
+def latest_step(directory: str | os.PathLike) -> int | None:
+  """The latest finalised step in `directory` (None: none, or no such folder), read-only:
+  checking a run folder writes nothing into it."""
+  directory = _absolute(directory)
+  if not epath.Path(directory).is_dir():
+    return None
+  manager = _manager(directory, read_only=True)
+  try:
+    return manager.latest_step()
+  finally:
+    manager.close()
+
+
 def restore_config(directory: str | os.PathLike, step: int | None = None) -> dict:
   """The config saved at `step` (the latest when None), without touching the state.
 

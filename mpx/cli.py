@@ -123,7 +123,7 @@ def make_parser() -> argparse.ArgumentParser:
   run.add_argument("--preset", help="preset of the experiment (default: its first)")
   run.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config field (repeatable); unknown keys are an error")
-  run.add_argument("--out", help="run directory (default: runs/EXPERIMENT-PRESET)")
+  run.add_argument("--out", help="run directory (default: runs/FILE-PRESET, FILE the experiment's file name)")
   run.add_argument("--resume", action="store_true",
                    help="continue from the run directory's latest checkpoints")
   run.add_argument("--distributed", action="store_true",

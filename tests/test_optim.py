@@ -175,8 +175,9 @@ def test_exempt_leaves_keep_their_values_under_adamw():
 
 @pytest.mark.parametrize("name", ["boolean_gotu", "arithmetic", "language"])
 def test_token_families_decay_every_weight_but_the_mask(name):
-  """The GOTU code's decay (Boolean: coupled L2; arithmetic, language: AdamW) stays on
-  every weight but the mask: these families declare no exemptions."""
+  """Boolean keeps the GOTU code's coupled L2 on every weight but the mask; arithmetic and
+  language (AdamW) decay every weight but the mask too, unlike NanoGPT / llama2.c, which
+  exempt biases and norms: kept as measured, so their results stand."""
   from mpx.sweep import config as config_lib
   experiment = config_lib.load_experiment(name)
   _, config = config_lib.make_config(experiment, "tiny")
@@ -193,3 +194,4 @@ def test_bad_no_decay_rules_name_the_fix():
     optim.OptimConfig(no_decay="pos_embed")
   with pytest.raises(ValueError, match="not a regex"):
     optim.OptimConfig(no_decay=("(bias",))
+  assert hash(optim.OptimConfig(no_decay=["bias"])) == hash(optim.OptimConfig(no_decay=("bias",)))

@@ -88,18 +88,19 @@ def test_refused_fresh_run_leaves_the_run_folder_unchanged(uninterrupted, tmp_pa
   assert exit_info.value.code == 2
   assert _files(out) == before                       # config.json and metrics included.
   err = capsys.readouterr().err
-  assert "already holds metrics" in err and "--resume" in err and "another --out" in err
+  assert "already holds checkpoints" in err and "--resume" in err and "another --out" in err
   assert len(err.strip().splitlines()) == 1
   # The kept config still guards the run: resuming it with the new settings is refused.
   with pytest.raises(SystemExit):
     cli.main(["run", TOY, "--out", str(out), "--resume", "--set", "learning_rate=0.5"])
   assert "learning_rate" in capsys.readouterr().err
   assert _files(out) == before
-  # Checkpoints without metrics (eval_every=0 before a group's end) are refused too.
-  (out / report.METRICS_FILE).unlink()
+  # Metrics past step 0 without a checkpoint (killed before its first save) are refused
+  # too: that run trained.
+  shutil.rmtree(out / "checkpoints")
   with pytest.raises(SystemExit):
     cli.main(["run", TOY, "--out", str(out), "--set", "learning_rate=0.5"])
-  assert "already holds checkpoints" in capsys.readouterr().err
+  assert "already holds metrics" in capsys.readouterr().err
   assert json.loads((out / "config.json").read_bytes()) == json.loads(before[
       pathlib.Path("config.json")])
 

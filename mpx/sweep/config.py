@@ -204,9 +204,9 @@ def _experiment_argument(experiment: types.ModuleType) -> str:
 
 
 def command_line(experiment: types.ModuleType, preset: str, overrides: Sequence[str],
-                 out: str) -> str:
+                 out: str, *, distributed: bool = False) -> str:
   """The `mpx run` command that reproduces a run, its defaults spelled out."""
   words = ["mpx", "run", _experiment_argument(experiment), "--preset", preset]
   for assignment in overrides:
     words += ["--set", assignment]
-  return shlex.join(words + ["--out", out])
+  return shlex.join(words + ["--out", out] + (["--distributed"] if distributed else []))

@@ -62,6 +62,7 @@ class OptimConfig:
     if isinstance(self.no_decay, str):
       raise ValueError(f"no_decay={self.no_decay!r} must be a tuple of patterns, e.g. "
                        f"({self.no_decay!r},).")
+    object.__setattr__(self, "no_decay", tuple(self.no_decay))  # Hashable: compile keys.
     for pattern in self.no_decay:
       try:
         re.compile(pattern)

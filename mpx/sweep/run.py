@@ -230,10 +230,13 @@ def _check_resume_config(run_dir: epath.Path, checkpoints: epath.Path, saved: di
   if differences and not _has_progress(run_dir, checkpoints):
     raise ValueError(f"--resume: the run in {run_dir} differs in {differences} and never "
                      "completed a step; run without --resume to start afresh there.")
+  if differences and all(d.startswith(FINGERPRINT + ".") for d in differences):
+    raise ValueError(f"--resume: the run in {run_dir} was trained on other data or task "
+                     f"definitions ({differences} changed since it started); restore them, "
+                     "or start afresh with another --out.")
   if differences:
     raise ValueError(f"--resume: the config differs from the run in {run_dir} in "
-                     f"{differences}; use the same --preset and --set (a changed "
-                     "fingerprint: the task's definition changed).")
+                     f"{differences}; use the same --preset and --set.")
 
 
 def _check_checkpoint_config(directory: str | pathlib.Path, stored: dict, saved: dict) -> None:
@@ -266,20 +269,28 @@ def _check_run_dir(run_dir: pathlib.Path) -> None:
 
 
 def _trained_records(run_dir: epath.Path) -> bool:
-  """Whether metrics.jsonl holds a record past step 0 (a run that trained)."""
+  """Whether metrics.jsonl holds a record past step 0 (a run that trained); reads up to
+  the first such line."""
   metrics = run_dir / report.METRICS_FILE
   if not metrics.exists():
     return False
-  return any(r["step"] > 0 for r in report.read_metrics(run_dir))
+  with metrics.open("r") as f:
+    for line in f:
+      try:
+        if json.loads(line).get("step", 0) > 0:
+          return True
+      except json.JSONDecodeError:  # A torn last line (a kill mid-write).
+        continue
+  return False
 
 
 def _has_progress(run_dir: epath.Path, checkpoints: epath.Path) -> str | None:
-  """What the folder holds of an earlier run's training ("metrics" past step 0, or
-  "checkpoints" of a completed step), or None: a run that failed at start (its config,
-  its step-0 evaluation, an empty checkpoint folder) has nothing to lose."""
-  if _trained_records(run_dir):
-    return "metrics"
-  return "checkpoints" if completed_steps(checkpoints) else None
+  """What the folder holds of an earlier run's training ("checkpoints" of a completed
+  step, or "metrics" past step 0), or None: a run that failed before training (its
+  config, its step-0 evaluation, an empty checkpoint folder) has nothing to lose."""
+  if completed_steps(checkpoints):
+    return "checkpoints"
+  return "metrics" if _trained_records(run_dir) else None
 
 
 def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path) -> None:
@@ -295,8 +306,7 @@ def completed_steps(root: epath.Path) -> dict[str, int]:
   """Each group's latest checkpointed step under `root`: the metrics to keep on resume."""
   steps = {}
   for directory in (root.iterdir() if root.exists() else []):
-    with checkpoint.Checkpointer(directory) as ckpt:
-      latest = ckpt.latest_step()
+    latest = checkpoint.latest_step(directory)
     if latest is not None:
       steps[directory.name] = latest
   return steps
@@ -375,7 +385,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   checkpoints = run_folder.checkpoint_root(out)
   # Where process 0 writes the other files: the folder itself, or a URL's staging folder.
   run_dir = run_folder.staging_dir(out) if url else pathlib.Path(out)
-  command = config_lib.command_line(experiment, preset, overrides, out)
+  command = config_lib.command_line(experiment, preset, overrides, out,
+                                    distributed=jax.process_count() > 1)
   saved_config = {"experiment": experiment.NAME, "preset": preset,
                   "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
   if variants[0][0]:  # An architecture sweep: the first variant's config and the values.

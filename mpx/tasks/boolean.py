@@ -669,7 +669,7 @@ def class_coverage(task: BooleanTask, groups, kind: str = "sum") -> Coverage:
   """Which unseen points fall into a class that the seen data also holds, and the unseen
   accuracy that predicts if the model answers covered points as the seen data does.
 
-  The hypothesis (`../shared/FINDINGS.md`, to be tested): a mask that makes each group's
+  The hypothesis (from the prototypes measured before mpx, to be tested): a mask that makes each group's
   tokens interact symmetrically lets the model compute a function of the group's *sum*
   (`kind="sum"`; several groups: of the tuple of sums), or, for windowed supports such as
   Cyclic3's, a sum over windows of a function of each window's pattern (`kind="window"`).
