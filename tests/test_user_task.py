@@ -105,6 +105,7 @@ def test_a_run_of_ones_own_file_records_it_and_refuses_a_changed_task(tmp_path, 
   assert capsys.readouterr().err.startswith(saved["run"]["command"])
   assert saved["fingerprint"]["mine"]["support"] == [0, 1]
   assert saved["fingerprint"]["mine"]["seen"] == 32
+  assert saved["fingerprint"]["mine"]["cube_sha256"] in (out / "summary.md").read_text()
   # Unchanged, the file loaded again gives the same fingerprint (a resume goes on).
   reloaded = config_lib.load_experiment(str(path))
   assert reloaded.fingerprint(config_lib.make_config(reloaded, "tiny", ["tasks=mine"])[1]) == (

@@ -443,11 +443,16 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
              {"metrics": {m: r[m] for m in reported if m in r}} for r in final]
   if hasattr(experiment, "history_metrics"):
     members = with_history_metrics(members, run_dir, lambda h: experiment.history_metrics(cfg, h))
-  persistence = persistence_table(run_dir, members)
+  extra = {}
+  if persistence := persistence_table(run_dir, members):
+    extra["Persistence of the prior"] = persistence
+  if FINGERPRINT in saved_config:  # What the run trained on (config.json holds it too).
+    extra["Data (fingerprint, compared on --resume)"] = (
+        "```json\n" + json.dumps(saved_config[FINGERPRINT], indent=1) + "\n```")
   summary = report.write_summary(
       run_dir, experiment=experiment.NAME, preset=preset, members=members,
       paper=experiment.PAPER, metric_names=list(experiment.METRICS),
-      extra_tables={"Persistence of the prior": persistence} if persistence else None)
+      extra_tables=extra or None)
   push()
   print((run_dir / "summary.md").read_text())
   return dict(summary, **dirs)
