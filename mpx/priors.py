@@ -119,9 +119,14 @@ def as_initializer(prior: jax.Array) -> Callable:
   def init(key, shape, dtype=jnp.float32):
     del key
     if tuple(shape) != prior.shape:
-      raise ValueError(
-          f"the mask prior has shape {prior.shape} but the attention needs {tuple(shape)} "
-          "([H, N, N] per head or [N, N] shared, N counting CLS); rebuild the prior.")
+      hint = "rebuild the prior for these tokens (N counts CLS)"
+      if len(shape) == 3 and tuple(shape[1:]) == prior.shape:
+        hint = (f"give every head a copy (priors.repeat_heads(prior, {shape[0]})) or "
+                "share one prior across the heads (per_head_mask=False)")
+      elif len(shape) == 2 and prior.ndim == 3 and prior.shape[1:] == tuple(shape):
+        hint = "the attention shares one prior (per_head_mask=False): pass one [N, N] prior"
+      raise ValueError(f"the mask prior has shape {prior.shape} but the attention needs "
+                       f"{tuple(shape)} ([H, N, N] per head or [N, N] shared); {hint}.")
     return prior.astype(dtype)
 
   return init

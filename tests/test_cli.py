@@ -5,11 +5,15 @@ import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import matplotlib.image
+import numpy as np
 import pytest
 
 import mpx
 from mpx import cli
+from mpx.nn import MaskedSelfAttention
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOY = str(ROOT / "tests" / "toy_experiment.py")
@@ -109,3 +113,17 @@ def test_setup_cfg_ships_every_package():
   found = set(setuptools.find_packages(str(root), include=["mpx", "mpx.*"]))
   assert listed == found | {"mpx.experiments"}
   assert "mpx.experiments = experiments" in cfg["options"]["package_dir"]
+
+
+def test_readme_linen_recipe_runs_and_a_shape_mismatch_names_the_fixes():
+  readme = (ROOT / "README.md").read_text()
+  call = re.search(r"With Linen, `(MaskedSelfAttention\(.*?\))`", readme, re.S).group(1)
+  prior = mpx.priors.window_prior(4, 4, window=3, strength=4.0)   # [17, 17], as above.
+  names = {"MaskedSelfAttention": MaskedSelfAttention, "mpx": mpx, "prior": prior}
+  module = eval(call.replace("\n", " "), names)
+  x = jnp.ones((2, 17, 32))
+  params = module.init(jax.random.key(0), x)["params"]
+  np.testing.assert_array_equal(params["mask_logits"], prior)
+  per_head = MaskedSelfAttention(4, 8, mask_init=mpx.priors.as_initializer(prior))
+  with pytest.raises(ValueError, match=r"repeat_heads\(prior, 4\).*per_head_mask=False"):
+    per_head.init(jax.random.key(0), x)
