@@ -190,6 +190,12 @@ print(json.dumps({{"leaves": first(state.params, 3), "streamed": first(streamed.
 """
 
 
+# Eight devices may fuse and order float32 reductions differently from one (jax 0.12 does
+# for the gathered stream rows: 6e-6 on one entry of 320 after 12 steps); a member reading
+# another member's stream moves every member's params by 9e-3 or more.
+_DEVICE_COUNT_ATOL = 2e-5
+
+
 def test_multi_device_sweep_matches_single_device():
   tests = str(pathlib.Path(__file__).parent)
   env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "  # conftest's
@@ -203,11 +209,11 @@ def test_multi_device_sweep_matches_single_device():
   members = [fx.member(i, s) for i, s in enumerate(["mask", "default", "qk_svd"])]
   single = fx.train(fx.group(members))
   for multi, leaf in zip(result["leaves"], jax.tree_util.tree_leaves(single.params)):
-    np.testing.assert_allclose(np.asarray(multi), np.asarray(leaf), atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(multi), np.asarray(leaf), atol=_DEVICE_COUNT_ATOL)
   # One stream per seed: each device gathers its members' rows of the replicated chunk.
   streamed = fx.train(per_seed_group())
   for multi, leaf in zip(result["streamed"], jax.tree_util.tree_leaves(streamed.params)):
-    np.testing.assert_allclose(np.asarray(multi), np.asarray(leaf), atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(multi), np.asarray(leaf), atol=_DEVICE_COUNT_ATOL)
 
 
 # --------------------------------------------------------------------------- data layouts
