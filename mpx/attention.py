@@ -23,9 +23,28 @@ Array = jax.Array
 MASK_LEAF = "mask_logits"
 
 
+def leaf_name(path) -> str | None:
+  """The param name a pytree key path ends at: `DictKey("kernel")` → "kernel".
+
+  NNX state paths end one step further, at the Variable's `.value`, which is skipped, so
+  Linen params and NNX state name their leaves alike.
+  """
+  path = tuple(path)
+  if path and getattr(path[-1], "name", None) == "value":
+    path = path[:-1]
+  if not path:
+    return None
+  last = path[-1]
+  for attribute in ("key", "name"):  # DictKey / FlattenedIndexKey, GetAttrKey.
+    if isinstance(getattr(last, attribute, None), str):
+      return getattr(last, attribute)
+  return last if isinstance(last, str) else None
+
+
 def is_mask_path(path) -> bool:
-  """Whether a pytree key path (`tree_map_with_path`) ends at a mask-logits leaf."""
-  return getattr(path[-1], "key", None) == MASK_LEAF
+  """Whether a pytree key path (`tree_map_with_path`) ends at a mask-logits leaf, in
+  Linen params and NNX state alike."""
+  return leaf_name(path) == MASK_LEAF
 
 
 IMPLEMENTATIONS = ("reference", "jax", "cudnn")

@@ -96,7 +96,7 @@ def decay_tree(config: OptimConfig, params) -> "PyTree[bool]":
 
 
 def is_position_path(path) -> bool:
-  return getattr(path[-1], "key", None) == POSITION_LEAF
+  return attention.leaf_name(path) == POSITION_LEAF
 
 
 def _scale_group_updates(multiplier, in_group) -> optax.GradientTransformation:
