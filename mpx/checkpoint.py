@@ -199,6 +199,7 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def latest_step(self) -> int | None:
+    """The newest finalised step, or None before the first save."""
     steps = self.all_steps()
     return steps[-1] if steps else None
 
@@ -261,6 +262,7 @@ class Checkpointer:
     return step
 
   def close(self) -> None:
+    """Waits for Orbax's background work and releases the manager."""
     self._manager.close()
 
   def __enter__(self) -> "Checkpointer":

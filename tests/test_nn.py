@@ -65,6 +65,14 @@ def test_prior_initializer_and_wrong_shape():
   wrong = MaskedSelfAttention(H, head_dim=R, mask_init=priors.as_initializer(prior[:, :4, :4]))
   with pytest.raises(ValueError, match="rebuild the prior"):
     wrong.init(jax.random.key(0), _x())
+  shared = priors.from_pairs([(0, 1)], N, 6.0)                     # [N, N] for every head.
+  one = MaskedSelfAttention(H, head_dim=R, mask_init=priors.as_initializer(shared),
+                            per_head_mask=False)
+  np.testing.assert_array_equal(one.init(jax.random.key(0), _x())["params"]["mask_logits"],
+                                shared)
+  per_head = MaskedSelfAttention(H, head_dim=R, mask_init=priors.as_initializer(shared))
+  with pytest.raises(ValueError, match=rf"repeat_heads\(prior, {H}\).*per_head_mask=False"):
+    per_head.init(jax.random.key(0), _x())
 
 
 @pytest.mark.parametrize("learnable", [True, False])

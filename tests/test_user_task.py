@@ -1,8 +1,6 @@
 """A user-defined Boolean task trains through the public API, as the README shows."""
 
 import json
-import pathlib
-import re
 
 import numpy as np
 import pytest
@@ -28,25 +26,6 @@ def test_the_mask_prior_comes_from_the_support(parity3):
   np.testing.assert_array_equal(leaf, np.broadcast_to(priors.parity_prior(15, (0, 1, 2)),
                                                       leaf.shape))
   assert group.data.num_examples == int(parity3.seen(boolean.cube(15)).sum())
-
-
-def test_the_readme_example_trains_a_registered_task(tmp_path, monkeypatch):
-  """The README's block, run as written except for the preset (tiny: seconds, not the
-  quick preset's minutes); its out_dir is relative, so it lands in tmp_path."""
-  readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
-  block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
-               if "register_task" in b)
-  assert 'preset="quick"' in block and len(block.splitlines()) <= 15
-  monkeypatch.chdir(tmp_path)
-  namespace = {}
-  exec(compile(block.replace('preset="quick"', 'preset="tiny"'), "README.md", "exec"),
-       namespace)
-  summary = namespace["summary"]
-  assert {(m["task"], m["scheme"]) for m in summary["members"]} == {
-      ("parity3", "default"), ("parity3", "mask")}
-  records = [json.loads(line) for line in (tmp_path / "runs/parity3/metrics.jsonl").open()]
-  assert {r["step"] for r in records} == {0, 48, 96}
-  assert all(np.isfinite(r["loss"]) and "fidelity_unseen" in r for r in records)
 
 
 def test_unknown_and_unprotocolled_tasks_are_errors(parity3):

@@ -156,6 +156,7 @@ def experiment_dirs() -> list[pathlib.Path]:
 
 
 def available_experiments() -> list[str]:
+  """The experiment names `mpx run NAME` accepts, from every experiment folder."""
   names = set()
   for directory in experiment_dirs():
     names.update(p.stem for p in directory.glob("*.py") if not p.stem.startswith("_"))

@@ -52,6 +52,7 @@ class DeviceData:
     return np.shape(next(iter(self.arrays.values())))[1 if self.per_member else 0]
 
   def check(self, num_members: int, batch_size: int) -> None:
+    """Raises if the arrays cannot serve `num_members` members at this batch size."""
     if self.per_member and np.shape(next(iter(self.arrays.values())))[0] != num_members:
       raise ValueError(f"per-member DeviceData must have K={num_members} rows, one per "
                        f"member; got {np.shape(next(iter(self.arrays.values())))[0]}.")
@@ -186,12 +187,14 @@ class ChunkFeeder:
     return False
 
   def next(self) -> dict:
+    """The next chunk, in order; re-raises an error of the filling thread here."""
     item = self._queue.get()
     if isinstance(item, BaseException):
       raise item
     return item
 
   def close(self) -> None:
+    """Stops the filling thread (call it in a `finally`)."""
     self._stop.set()
     self._thread.join(timeout=5)
 

@@ -24,6 +24,7 @@ EXPLICIT = ("MPX_COORDINATOR", "MPX_NUM_PROCESSES", "MPX_PROCESS_ID")
 
 
 def requested(flag: bool = False) -> bool:
+  """Whether to start jax.distributed: `--distributed` or MPX_DISTRIBUTED=1."""
   return flag or os.environ.get(ENV_FLAG, "").strip().lower() in ("1", "true", "yes")
 
 
@@ -75,6 +76,7 @@ def any_process(flag: bool) -> bool:
 
 
 def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier `name` (no-op on one process)."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)

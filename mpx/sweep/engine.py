@@ -161,6 +161,7 @@ def stack(trees: Sequence[PyTree]) -> PyTree:
 
 
 def unstack(tree: PyTree, index: int) -> PyTree:
+  """Member `index` of a stacked tree: its params, hparams or metrics alone."""
   return jax.tree_util.tree_map(lambda leaf: leaf[index], tree)
 
 

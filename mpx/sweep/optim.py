@@ -96,6 +96,7 @@ def decay_tree(config: OptimConfig, params) -> "PyTree[bool]":
 
 
 def is_position_path(path) -> bool:
+  """Whether a key path ends at the `pos_embed` leaf (Linen params or NNX state)."""
   return attention.leaf_name(path) == POSITION_LEAF
 
 

@@ -29,6 +29,7 @@ _MANIFEST = ".mpx-pushed.json"  # In the staging folder: what the last push uplo
 
 
 def is_url(out: str | os.PathLike) -> bool:
+  """Whether `out` is a URL (gs://...) rather than a local path."""
   return "://" in os.fspath(out)
 
 
@@ -57,6 +58,7 @@ def staging_dir(out: str) -> pathlib.Path:
 
 
 def checkpoint_root(out: str | os.PathLike) -> epath.Path:
+  """The folder of a run's checkpoints (one sub-folder per group)."""
   return epath.Path(out) / _CHECKPOINTS
 
 
