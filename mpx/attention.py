@@ -4,14 +4,15 @@ Layout follows Flax: queries `[..., N, H, D]` (batch dims, tokens, heads, head d
 The mask parameter `M` ("mask logits") is `[N, N]` (shared by heads) or `[..., H, N, N]`
 (per head, optionally with leading batch dims; `H = 1` broadcasts over heads).
 
-`log σ(M) ≤ 0`, so a mask prior can only suppress. Causal and padding masks are *hard*
-(−inf) and compose with the soft prior; a query row with no allowed key returns zeros
-rather than NaN.
+`log σ(M) ≤ 0`, so a mask prior can only suppress. Causal, padding and Flax-style boolean
+masks are *hard* (−inf) and compose with the soft prior and any extra float bias; a query
+row with no allowed key returns zeros rather than NaN. `docs/functional.md` is the guide.
 """
 
 from __future__ import annotations
 
-import math
+import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,11 @@ IMPLEMENTATIONS = ("reference", "jax", "cudnn")
 _FUSED_BACKENDS = {"jax": "xla", "cudnn": "cudnn"}
 _CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
 
+_TORCH_LAYOUT = (
+    "q, k, v look like PyTorch's [batch, heads, tokens, head_dim] (heads and tokens "
+    "swapped); mpx takes [..., tokens, heads, head_dim]: pass jnp.swapaxes(q, -3, -2) "
+    "(and the same for k and v).")
+
 
 def mask_bias(mask_logits: Array) -> Array:
   """`log σ(M)` in float32, computed stably as `-softplus(-M)`.
@@ -63,69 +69,191 @@ def mask_bias(mask_logits: Array) -> Array:
   return jax.nn.log_sigmoid(jnp.asarray(mask_logits, jnp.float32))
 
 
-def _check_qkv(q: Array, k: Array, v: Array) -> None:
-  if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
-    raise ValueError(
-        "masked_attention expects q, k, v of the same rank >= 3 laid out "
-        f"[..., tokens, heads, head_dim]; got q{q.shape}, k{k.shape}, v{v.shape}.")
-  if k.shape[-2:] != q.shape[-2:]:
-    raise ValueError(
-        f"q and k must agree on (heads, head_dim); got q{q.shape} and k{k.shape}.")
-  if v.shape[-3:-1] != k.shape[-3:-1]:
-    raise ValueError(
-        f"k and v must agree on (tokens, heads); got k{k.shape} and v{v.shape}.")
+# --------------------------------------------------------------------------- checks
 
 
-def _bias_BHNN(mask_logits: Array, num_heads: int, n_q: int, n_k: int) -> Array:
-  """Validates the mask's shape and returns `log σ(M)` shaped `[..., H or 1, Nq, Nk]`."""
-  m = jnp.asarray(mask_logits)
-  if m.ndim < 2:
-    raise ValueError(
-        f"mask_logits must be [N, N] or [..., H, N, N]; got rank {m.ndim} {m.shape}.")
-  if m.shape[-2:] != (n_q, n_k):
-    raise ValueError(
-        f"mask_logits ends in {m.shape[-2:]} but the attention is {n_q} queries x "
-        f"{n_k} keys; build the prior for N = {n_k} tokens (CLS included).")
-  if m.ndim == 2:
-    m = m[None]
-  elif m.shape[-3] not in (1, num_heads):
-    raise ValueError(
-        f"mask_logits has {m.shape[-3]} heads (shape {m.shape}) but q has "
-        f"{num_heads}; use [N, N] for a mask shared by heads or stack one per head.")
-  return mask_bias(m)
+def _shape(x) -> tuple[int, ...] | None:
+  return None if x is None else tuple(jnp.shape(x))
 
 
-def _allowed_BHNN(n_q: int, n_k: int, causal: bool,
-                  padding_mask: Array | None) -> Array | None:
-  """The hard mask as booleans broadcastable to `[..., H, Nq, Nk]`, or None."""
-  allowed = None
-  if causal:
-    # Query i sees keys j <= i, aligned at the end when Nq < Nk (decoding with a cache).
-    q_pos = jnp.arange(n_q)[:, None] + (n_k - n_q)
-    allowed = jnp.arange(n_k)[None, :] <= q_pos
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+  """Whether `shape` broadcasts to `target` without growing it (numpy rules)."""
+  return len(shape) <= len(target) and all(
+      s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+
+
+def _qkv_problem(q, k, v) -> str | None:
+  """What is wrong with the shapes of q, k, v (`[..., N, H, D]`), or None."""
+  if len(q) < 3 or len(k) != len(q) or len(v) != len(q):
+    return ("masked_attention expects q, k, v of the same rank >= 3 laid out "
+            f"[..., tokens, heads, head_dim]; got q{q}, k{k}, v{v}.")
+  if not q[:-3] == k[:-3] == v[:-3]:
+    return (f"q, k, v must share their batch dims; got q{q}, k{k}, v{v} (batch dims "
+            f"{q[:-3]}, {k[:-3]}, {v[:-3]}): broadcast or repeat them to one batch.")
+  if k[-2:] != q[-2:]:
+    return f"q and k must agree on (heads, head_dim); got q{q} and k{k}."
+  if v[-3:-1] != k[-3:-1]:
+    return f"k and v must agree on (tokens, heads); got k{k} and v{v}."
+  return None
+
+
+def _prior_problem(m, num_heads, n_q, n_k, batch, has_offset) -> str | None:
+  """What is wrong with the shape of the mask logits M, or None."""
+  if len(m) < 2:
+    return f"mask_logits must be [N, N] or [..., H, N, N]; got rank {len(m)} {m}."
+  if has_offset and m[-2:] != (n_k, n_k):
+    return (f"with query_offset, mask_logits must be the square prior over the {n_k} keys "
+            f"(its rows are absolute query positions); got shape {m}.")
+  if not has_offset and m[-2:] != (n_q, n_k):
+    if m[-2:] == (n_k, n_k) and n_q < n_k:
+      return (f"mask_logits is a prior over {n_k} tokens but there are {n_q} queries; pass "
+              f"query_offset= (the first query's position) to use its rows "
+              f"[query_offset, query_offset + {n_q}).")
+    return (f"mask_logits ends in {m[-2:]} but the attention is {n_q} queries x {n_k} "
+            f"keys; build the prior for N = {n_k} tokens (CLS included).")
+  if len(m) >= 3 and m[-3] not in (1, num_heads):
+    return (f"mask_logits has {m[-3]} heads (shape {m}) but q has {num_heads}; use "
+            "[N, N] for a mask shared by heads or stack one per head.")
+  if not _broadcasts_to(m[:-3], batch):
+    return (f"mask_logits has shape {m} but its batch dims {m[:-3]} must broadcast to "
+            f"q's batch dims {batch}.")
+  return None
+
+
+def _shape_problem(q, k, v, mask_logits, mask, bias, padding_mask, causal,
+                   has_offset) -> str | None:
+  """The first shape error (a one-line message naming the fix), or None; shapes only."""
+  problem = _qkv_problem(q, k, v)
+  if problem:
+    return problem
+  batch, num_heads, n_q, n_k = q[:-3], q[-2], q[-3], k[-3]
+  target = batch + (num_heads, n_q, n_k)
+  if causal and not has_offset and n_q != n_k:
+    return (f"causal attention with {n_q} queries and {n_k} keys needs their positions: "
+            "pass query_offset= (the first query's position among the keys).")
+  if mask_logits is not None:
+    problem = _prior_problem(mask_logits, num_heads, n_q, n_k, batch, has_offset)
+    if problem:
+      return problem
+  for name, shape in (("mask", mask), ("bias", bias)):
+    if shape is not None and not _broadcasts_to(shape, target):
+      return (f"{name} has shape {shape} but must broadcast to [batch..., heads, queries, "
+              f"keys] = {target}.")
+  if padding_mask is not None and not (
+      padding_mask and padding_mask[-1] == n_k and _broadcasts_to(padding_mask[:-1], batch)):
+    return (f"padding_mask has shape {padding_mask} but must be [batch..., keys] = "
+            f"{batch + (n_k,)} (True = a real key token).")
+  return None
+
+
+def _check_shapes(q, k, v, mask_logits=None, mask=None, bias=None, padding_mask=None,
+                  causal=False, query_offset=None) -> None:
+  """Raises the first shape error; recognises PyTorch's `[B, H, N, D]` layout."""
+  shapes = [_shape(x) for x in (q, k, v, mask_logits, mask, bias, padding_mask)]
+  has_offset = query_offset is not None
+  problem = _shape_problem(*shapes, causal, has_offset)
+  if problem is None:
+    return
+  swap = lambda s: s[:-3] + (s[-2], s[-3], s[-1]) if len(s) >= 3 else s
+  swapped = [swap(s) for s in shapes[:3]] + shapes[3:]
+  if _shape_problem(*swapped, causal, has_offset) is None:
+    raise ValueError(_TORCH_LAYOUT)
+  raise ValueError(problem)
+
+
+def _check_dtypes(mask, bias, padding_mask) -> None:
+  if mask is not None and jnp.result_type(mask) != jnp.bool_:
+    raise ValueError(
+        f"mask must be boolean (True = attend); got {jnp.result_type(mask)}. Flax's "
+        "make_attention_mask / make_causal_mask default to float32: pass mask.astype(bool); "
+        "an additive float mask belongs in bias=.")
+  if bias is not None and not jnp.issubdtype(jnp.result_type(bias), jnp.floating):
+    raise ValueError(f"bias must be a float array added to the logits; got "
+                     f"{jnp.result_type(bias)}. A boolean mask belongs in mask=.")
+  if padding_mask is not None and jnp.result_type(padding_mask) != jnp.bool_:
+    raise ValueError(f"padding_mask must be boolean (True = real token); got "
+                     f"{jnp.result_type(padding_mask)}.")
+
+
+def _check_offset(query_offset, n_q: int, n_k: int) -> None:
+  """An integer scalar; a concrete one must keep the queries inside the keys.
+
+  A traced offset cannot be checked: like any `dynamic_slice`, the prior's rows are then
+  clamped into range.
+  """
+  if query_offset is None:
+    return
+  if jnp.ndim(query_offset) != 0 or not jnp.issubdtype(jnp.result_type(query_offset),
+                                                        jnp.integer):
+    raise ValueError(f"query_offset must be an integer scalar (the first query's position); "
+                     f"got {query_offset!r}.")
+  try:
+    offset = operator.index(query_offset)
+  except TypeError:  # Traced under jit: no value to check.
+    return
+  if not 0 <= offset <= n_k - n_q:
+    raise ValueError(f"query_offset={offset} puts the {n_q} queries outside the {n_k} keys; "
+                     f"it must lie in [0, {n_k - n_q}].")
+
+
+def _dropout_active(dropout_rate: float, dropout_rng, deterministic: bool) -> bool:
+  if not 0.0 <= dropout_rate < 1.0:
+    raise ValueError(f"dropout_rate must lie in [0, 1); got {dropout_rate}.")
+  active = not deterministic and dropout_rate > 0.0
+  if active and dropout_rng is None:
+    raise ValueError(f"dropout is active (dropout_rate={dropout_rate}, deterministic=False) "
+                     "but dropout_rng is None; pass dropout_rng= or deterministic=True.")
+  return active
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _logit_bias(mask_logits, bias, n_q: int, query_offset) -> Array | None:
+  """`log σ(M)` (rows sliced at the query offset) plus `bias`, float32; None if neither."""
+  total = None
+  if mask_logits is not None:
+    m = jnp.asarray(mask_logits)
+    if query_offset is not None:
+      m = jax.lax.dynamic_slice_in_dim(m, query_offset, n_q, axis=m.ndim - 2)
+    total = mask_bias(m)
+  if bias is not None:
+    bias = jnp.asarray(bias, jnp.float32)
+    total = bias if total is None else total + bias
+  return total
+
+
+def _allowed_BHQK(n_q: int, n_k: int, causal: bool, query_offset, padding_mask,
+                  mask) -> Array | None:
+  """The hard masks ANDed, as booleans broadcastable to `[..., H, Nq, Nk]`, or None."""
+  hard = []
+  if causal:  # Query i sits at position query_offset + i and sees the keys j <= it.
+    q_pos_Q = jnp.arange(n_q) + (0 if query_offset is None else query_offset)
+    hard.append(jnp.arange(n_k)[None, :] <= q_pos_Q[:, None])
   if padding_mask is not None:
-    pad = jnp.asarray(padding_mask)
-    if pad.dtype != jnp.bool_:
-      raise ValueError(f"padding_mask must be boolean (True = real token); got {pad.dtype}.")
-    if pad.ndim < 1 or pad.shape[-1] != n_k:
-      raise ValueError(
-          f"padding_mask must be [..., N] with N = {n_k} keys; got {pad.shape}.")
-    pad = pad[..., None, None, :]
-    allowed = pad if allowed is None else jnp.logical_and(allowed, pad)
-  return allowed
+    hard.append(jnp.asarray(padding_mask)[..., None, None, :])
+  if mask is not None:
+    hard.append(jnp.asarray(mask))
+  return functools.reduce(jnp.logical_and, hard) if hard else None
 
 
-def attention_logits(q: Array, k: Array, mask_logits: Array | None = None) -> Array:
-  """`q·kᵀ/√d + log σ(M)` in float32, shaped `[..., H, Nq, Nk]`."""
-  _check_qkv(q, k, k)
+def attention_logits(q: Array, k: Array, mask_logits: Array | None = None, *,
+                     bias: Array | None = None, query_offset=None) -> Array:
+  """`q·kᵀ/√d + log σ(M) + bias` in float32, shaped `[..., H, Nq, Nk]`."""
+  _check_shapes(q, k, k, mask_logits, None, bias, query_offset=query_offset)
+  _check_dtypes(None, bias, None)
+  _check_offset(query_offset, q.shape[-3], k.shape[-3])
+  return _logits(q, k, mask_logits, bias, query_offset)
+
+
+def _logits(q, k, mask_logits, bias, query_offset) -> Array:
   q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
   # Heads-first operands: XLA:CPU runs this batched dot ~2.5x faster forward than the
   # tokens-first einsum (`benchmarks/README.md`).
   logits = jnp.einsum("...hqd,...hkd->...hqk", jnp.swapaxes(q, -2, -3),
                       jnp.swapaxes(k, -2, -3), preferred_element_type=jnp.float32)
-  if mask_logits is not None:
-    logits = logits + _bias_BHNN(mask_logits, q.shape[-2], q.shape[-3], k.shape[-3])
-  return logits
+  total_bias = _logit_bias(mask_logits, bias, q.shape[-3], query_offset)
+  return logits if total_bias is None else logits + total_bias
 
 
 def masked_softmax(logits: Array, allowed: Array | None) -> Array:
@@ -144,28 +272,79 @@ def masked_softmax(logits: Array, allowed: Array | None) -> Array:
   return unnormalized / jnp.where(total > 0, total, 1.0)
 
 
+def _dropout(probs: Array, rate: float, rng, broadcast: bool) -> Array:
+  """Flax's attention dropout (`dot_product_attention_weights`), draw for draw."""
+  keep_prob = 1.0 - rate
+  shape = (1,) * (probs.ndim - 2) + probs.shape[-2:] if broadcast else probs.shape
+  keep = jax.random.bernoulli(rng, keep_prob, shape)
+  return probs * (keep.astype(probs.dtype) / jnp.asarray(keep_prob, probs.dtype))
+
+
+def _check_all(q, k, v, mask_logits, mask, bias, padding_mask, causal, query_offset):
+  _check_shapes(q, k, v, mask_logits, mask, bias, padding_mask, causal, query_offset)
+  _check_dtypes(mask, bias, padding_mask)
+  _check_offset(query_offset, q.shape[-3], k.shape[-3])
+
+
+def _weights(q, k, mask_logits, mask, bias, causal, padding_mask, dropout, query_offset):
+  """Probabilities after the checks; `dropout` is None or (rate, rng, broadcast)."""
+  logits = _logits(q, k, mask_logits, bias, query_offset)
+  allowed = _allowed_BHQK(q.shape[-3], k.shape[-3], causal, query_offset, padding_mask, mask)
+  probs = masked_softmax(logits, allowed)
+  return probs if dropout is None else _dropout(probs, *dropout)
+
+
 def attention_weights(q: Array, k: Array, mask_logits: Array | None = None, *,
-                      causal: bool = False, padding_mask: Array | None = None) -> Array:
-  """Attention probabilities `[..., H, Nq, Nk]` (float32): what the prior is shaping."""
-  logits = attention_logits(q, k, mask_logits)
-  allowed = _allowed_BHNN(q.shape[-3], k.shape[-3], causal, padding_mask)
-  return masked_softmax(logits, allowed)
+                      mask: Array | None = None, bias: Array | None = None,
+                      causal: bool = False, padding_mask: Array | None = None,
+                      dropout_rate: float = 0.0, dropout_rng: Array | None = None,
+                      deterministic: bool = True, broadcast_dropout: bool = True,
+                      query_offset=None) -> Array:
+  """Attention probabilities `[..., H, Nq, Nk]` (float32): what the prior is shaping.
+
+  The arguments are `masked_attention`'s; with dropout active the weights are the
+  dropped and rescaled ones that multiply v.
+  """
+  _check_all(q, k, k, mask_logits, mask, bias, padding_mask, causal, query_offset)
+  active = _dropout_active(dropout_rate, dropout_rng, deterministic)
+  dropout = (dropout_rate, dropout_rng, broadcast_dropout) if active else None
+  return _weights(q, k, mask_logits, mask, bias, causal, padding_mask, dropout,
+                  query_offset)
 
 
 def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = None, *,
+                     mask: Array | None = None, bias: Array | None = None,
                      causal: bool = False, padding_mask: Array | None = None,
-                     implementation: str = "reference") -> Array:
-  """Attention with an additive mask prior: softmax(q·kᵀ/√d + log σ(M)) v.
+                     dropout_rate: float = 0.0, dropout_rng: Array | None = None,
+                     deterministic: bool = True, broadcast_dropout: bool = True,
+                     query_offset=None, implementation: str = "reference") -> Array:
+  """Attention with an additive mask prior: softmax(q·kᵀ/√d + log σ(M) + bias) v.
+
+  Hard masks (causal, padding_mask, mask) compose by AND; a query row with no visible
+  key returns zeros. `docs/functional.md` walks through every argument.
 
   Args:
-    q, k, v: `[..., N, H, D]`; any dtype, logits and softmax are float32.
-    mask_logits: the prior's parameter M, `[N, N]` or `[..., H, N, N]`; None = no prior.
-    causal: key j is visible to query i only if j <= i.
-    padding_mask: `[..., N]` booleans, True for real key tokens.
+    q, k, v: `[..., Nq, H, D]`, `[..., Nk, H, D]`, `[..., Nk, H, Dv]` with one batch
+      shape; any dtype, logits and softmax are float32.
+    mask_logits: the prior's parameter M, `[N, N]` or `[..., H|1, N, N]`; None = no prior.
+      `[Nq, Nk]` serves cross-attention.
+    mask: Flax's boolean mask (True = attend), broadcastable to `[..., H, Nq, Nk]`.
+    bias: a float bias broadcastable to `[..., H, Nq, Nk]`, added in float32.
+    causal: key j is visible to query i only if j <= query_offset + i.
+    padding_mask: `[..., Nk]` booleans, True for real key tokens.
+    dropout_rate, dropout_rng, deterministic, broadcast_dropout: dropout on the attention
+      weights, as `flax.linen.dot_product_attention` does it (the same rng drops the same
+      entries); active when `dropout_rate > 0` and not `deterministic`.
+    query_offset: the first query's position among the keys (an int, or a traced int
+      under jit), for Nq < Nk queries (decoding with a KV cache): M is the square prior
+      over the Nk keys and its rows `[query_offset, query_offset + Nq)` are used; mask
+      and bias cover only the Nq queries. A traced offset out of range is clamped, as
+      `jax.lax.dynamic_slice` does.
     implementation: where the attention runs. All three compute the same function with
       the bias `log σ(M)` in float32 (a bf16 bias would move a logit near -100 by up to
       0.25) and float32 logits and softmax.
-      "reference": einsum + float32 softmax, every backend and dtype.
+      "reference": einsum + float32 softmax, every backend and dtype; the only one with
+        dropout.
       "jax": `jax.nn.dot_product_attention(..., implementation="xla")`, every backend
         and dtype; it accepts a bias of any dtype and adds it to float32 logits.
       "cudnn": `jax.nn.dot_product_attention(..., implementation="cudnn")`, cuDNN's
@@ -177,18 +356,25 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
         prior or hard mask) raise jax's NotImplementedError.
 
   Returns:
-    `[..., N, H, D]` in v's dtype.
+    `[..., Nq, H, Dv]` in v's dtype.
   """
-  _check_qkv(q, k, v)
+  _check_all(q, k, v, mask_logits, mask, bias, padding_mask, causal, query_offset)
+  active = _dropout_active(dropout_rate, dropout_rng, deterministic)
   if implementation in _FUSED_BACKENDS:
+    if active:
+      raise ValueError(
+          f'implementation="{implementation}" has no attention dropout (jax\'s fused '
+          'attention lacks it); use implementation="reference" or deterministic=True.')
     if implementation == "cudnn":
       _check_cudnn(q, k, v)
-    return _masked_attention_fused(q, k, v, mask_logits, causal, padding_mask,
-                                   _FUSED_BACKENDS[implementation])
+    return _masked_attention_fused(q, k, v, mask_logits, mask, bias, causal, padding_mask,
+                                   query_offset, _FUSED_BACKENDS[implementation])
   if implementation != "reference":
     raise ValueError(
         f"unknown implementation {implementation!r}; choose one of {IMPLEMENTATIONS}.")
-  probs = attention_weights(q, k, mask_logits, causal=causal, padding_mask=padding_mask)
+  dropout = (dropout_rate, dropout_rng, broadcast_dropout) if active else None
+  probs = _weights(q, k, mask_logits, mask, bias, causal, padding_mask, dropout,
+                   query_offset)
   out = jnp.einsum("...hqk,...hkd->...hqd", probs.astype(v.dtype), jnp.swapaxes(v, -2, -3),
                    preferred_element_type=jnp.float32)
   return jnp.swapaxes(out, -2, -3).astype(v.dtype)
@@ -209,27 +395,24 @@ def _check_cudnn(q: Array, k: Array, v: Array) -> None:
         'Use implementation="jax" or "reference" here.')
 
 
-def _masked_attention_fused(q, k, v, mask_logits, causal, padding_mask, backend):
+def _masked_attention_fused(q, k, v, mask_logits, mask, bias, causal, padding_mask,
+                            query_offset, backend):
   """Routes through `jax.nn.dot_product_attention(implementation=backend)`.
 
-  The bias stays float32: both backends take a bias of any dtype, and a bf16 bias
-  would round the prior (the old behaviour of this path).
+  jax wants one batch dim and 4-D bias and mask, so both are broadcast in full. The bias
+  stays float32: both backends take a bias of any dtype, and a bf16 bias would round the
+  prior.
   """
   n_q, num_heads, n_k = q.shape[-3], q.shape[-2], k.shape[-3]
-  batch_shape = q.shape[:-3]
-  flat = lambda x: x.reshape((math.prod(batch_shape),) + x.shape[-3:])
-  bias = None
-  if mask_logits is not None:
-    bias_BHNN = _bias_BHNN(mask_logits, num_heads, n_q, n_k)
-    bias_BHNN = jnp.broadcast_to(bias_BHNN, batch_shape + (num_heads, n_q, n_k))
-    bias = bias_BHNN.reshape((-1, num_heads, n_q, n_k))
-  allowed = _allowed_BHNN(n_q, n_k, causal, padding_mask)
-  mask = None
-  if allowed is not None:
-    allowed = jnp.broadcast_to(allowed, batch_shape + (num_heads, n_q, n_k))
-    mask = allowed.reshape((-1, num_heads, n_q, n_k))
-  out = jax.nn.dot_product_attention(flat(q), flat(k), flat(v), bias=bias, mask=mask,
-                                     implementation=backend)
-  if mask is not None:  # Match the reference: rows with no visible key give zeros.
-    out = jnp.where(jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None], out, 0)
+  shape_BHQK = q.shape[:-3] + (num_heads, n_q, n_k)
+  flat = lambda x: x.reshape((-1,) + x.shape[-3:])
+  full = lambda x: jnp.broadcast_to(x, shape_BHQK).reshape((-1, num_heads, n_q, n_k))
+  total_bias = _logit_bias(mask_logits, bias, n_q, query_offset)
+  allowed = _allowed_BHQK(n_q, n_k, causal, query_offset, padding_mask, mask)
+  allowed = None if allowed is None else full(allowed)
+  out = jax.nn.dot_product_attention(
+      flat(q), flat(k), flat(v), bias=None if total_bias is None else full(total_bias),
+      mask=allowed, implementation=backend)
+  if allowed is not None:  # Match the reference: rows with no visible key give zeros.
+    out = jnp.where(jnp.any(allowed, axis=-1).transpose(0, 2, 1)[..., None], out, 0)
   return out.reshape(q.shape[:-1] + v.shape[-1:])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
+import textwrap
 
 import mpx
 from mpx import priors
@@ -62,8 +64,23 @@ def _prior_labels(args) -> dict:
   return {}
 
 
+def _make_parent(out: str) -> None:
+  """Creates the folders `--out` names; a file in the way is a one-line error."""
+  if not out:
+    raise ValueError("--out is empty; give the PNG file to write (e.g. priors/parity.png).")
+  path = pathlib.Path(out)
+  if path.is_dir():
+    raise ValueError(f"--out {out} is a folder; give the PNG file to write in it.")
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+  except (FileExistsError, NotADirectoryError):
+    blocker = next(p for p in reversed(path.parents) if p.exists() and not p.is_dir())
+    raise ValueError(f"--out {out}: {blocker} is a file, not a folder.") from None
+
+
 def _prior_command(args) -> int:
   from mpx import plotting
+  _make_parent(args.out)
   mask = _build_prior(args)
   title = f"{args.name} prior, shape {tuple(mask.shape)}"
   plotting.plot_prior(mask, args.out, title, **_prior_labels(args))
@@ -102,8 +119,25 @@ def _plot_command(args) -> int:
     raise ValueError(f"{args.run_dir} is a URL; `mpx plot` reads a local folder: copy it "
                      f"first (gcloud storage cp --recursive {args.run_dir} runs/). `mpx run` "
                      "already drew the plots into the bucket.")
+  _check_run_folder(pathlib.Path(args.run_dir))
   print(f"wrote {_plots_line(plotting.plot_run(args.run_dir), args.run_dir)}")
   return 0
+
+
+def _check_run_folder(path: pathlib.Path) -> None:
+  """A one-line error unless `path` is a run folder with records to plot."""
+  from mpx import report
+  hint = "give the folder `mpx run` wrote (its --out)"
+  if not path.exists():
+    raise ValueError(f"{path} does not exist; {hint}.")
+  if not path.is_dir():
+    raise ValueError(f"{path} is a file, not a run folder; {hint}.")
+  if not (path / report.METRICS_FILE).exists():
+    if (path / "config.json").exists():
+      raise ValueError(f"{path} has no {report.METRICS_FILE} yet: the run writes it at its "
+                       "first evaluation; plot again then.")
+    raise ValueError(f"{path} is not a run folder (no {report.METRICS_FILE} or config.json);"
+                     f" {hint}.")
 
 
 def _plots_line(written: list[str], run_dir) -> str:
@@ -112,18 +146,68 @@ def _plots_line(written: list[str], run_dir) -> str:
   return f"{len(written)} PNG files in {run_dir}/plots{first}"
 
 
+TINY_PRESET = "tiny"  # Every built-in experiment's smoke run: seconds of training.
+
+
+def _preset_label(name: str, first: bool) -> str:
+  notes = ["default"] * first + ["runs in under a minute"] * (name == TINY_PRESET)
+  return f"{name} ({', '.join(notes)})" if notes else name
+
+
+def experiments_help() -> str:
+  """The experiments `mpx run` finds (./experiments first, then mpx's own) with their
+  presets. It imports every experiment, so only `mpx run --help` calls it."""
+  from mpx.sweep import config as config_lib
+  lines = ["experiments (NAME, or the path to your own experiment file):"]
+  for name in config_lib.available_experiments():
+    try:
+      experiment = config_lib.load_experiment(name)
+    except Exception as e:  # A user's broken file is listed with its error, not fatal.
+      lines.append(f"  {name}: cannot be loaded: {type(e).__name__}: {e}")
+      continue
+    summary = " ".join((experiment.__doc__ or "").strip().split("\n\n")[0].split())
+    presets = [_preset_label(p, i == 0) for i, p in enumerate(experiment.PRESETS)]
+    lines.append(_wrap(f"{name}: {summary}" if summary else name, "  "))
+    lines.append(_wrap(f"--preset {', '.join(presets)}", "      "))
+  return "\n".join(lines)
+
+
+def _wrap(text: str, indent: str) -> str:
+  return textwrap.fill(text, 96, initial_indent=indent, subsequent_indent=indent + "    ",
+                       break_on_hyphens=False)
+
+
+class _RunHelp(argparse.Action):
+  """`mpx run --help`: the usage, then `experiments_help()`, loaded only when asked so
+  `import mpx.cli` and the other commands stay light."""
+
+  def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+               help=None):
+    super().__init__(option_strings, dest, default=default, nargs=0, help=help)
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    parser.epilog = experiments_help()
+    parser.print_help()
+    parser.exit()
+
+
 def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="mpx", description="Mask-based attention priors: log σ(M) added to the logits.")
   parser.add_argument("--version", action="version", version=f"mpx {mpx.__version__}")
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-  run = sub.add_parser("run", help="train an experiment's sweep (all members in one program)")
+  run = sub.add_parser("run", help="train an experiment's sweep (all members in one program); "
+                                   "--help lists the experiments and presets",
+                       add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+  run.add_argument("-h", "--help", action=_RunHelp,
+                   help="show this help, the experiments and their presets, and exit")
   run.add_argument("experiment", help="experiment name (e.g. boolean_gotu) or path to its file")
   run.add_argument("--preset", help="preset of the experiment (default: its first)")
   run.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config field (repeatable); unknown keys are an error")
-  run.add_argument("--out", help="run directory (default: runs/FILE-PRESET, FILE the experiment's file name)")
+  run.add_argument("--out", help="run directory (default: runs/FILE-PRESET, FILE the "
+                                 "experiment's file name)")
   run.add_argument("--resume", action="store_true",
                    help="continue from the run directory's latest checkpoints")
   run.add_argument("--distributed", action="store_true",
@@ -132,12 +216,13 @@ def make_parser() -> argparse.ArgumentParser:
   run.set_defaults(func=_run_command)
 
   plot = sub.add_parser("plot", help="draw a run's curves into RUN_DIR/plots")
-  plot.add_argument("run_dir")
+  plot.add_argument("run_dir", help="a run folder: the --out of `mpx run`")
   plot.set_defaults(func=_plot_command)
 
   prior = sub.add_parser("prior", help="draw a mask prior as a heatmap")
   prior.add_argument("name", choices=PRIOR_NAMES)
-  prior.add_argument("--out", required=True, help="PNG file to write")
+  prior.add_argument("--out", required=True,
+                     help="PNG file to write (missing folders are created)")
   prior.add_argument("--strength", type=float, default=4.0, help="a: allowed +a, suppressed -a")
   prior.add_argument("--n-bits", type=int, default=15, help="Boolean priors: input bits")
   prior.add_argument("--support", type=int, nargs="+", help="Boolean priors: relevant bits")

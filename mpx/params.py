@@ -24,6 +24,14 @@ def _flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, Any]:
   return flat
 
 
+def _without_nnx_value(flat: dict[tuple, Any]) -> dict[tuple, Any]:
+  """Raw NNX state, as Orbax restores it without a target, ends every path in its
+  Variables' "value": dropped, so it merges like `nnx.to_pure_dict` output."""
+  if flat and all(len(p) > 1 and p[-1] == "value" for p in flat):
+    return {p[:-1]: leaf for p, leaf in flat.items()}
+  return flat
+
+
 def _rebuild(tree: Mapping, flat: Mapping[tuple, Any], prefix: tuple = ()) -> dict:
   return {name: _rebuild(value, flat, prefix + (name,)) if isinstance(value, Mapping)
           else flat[prefix + (name,)] for name, value in tree.items()}
@@ -41,7 +49,8 @@ def merge_params(fresh: Mapping, loaded: Mapping, *,
     fresh: the new model's params, e.g. `model.init(...)["params"]` (Linen) or
       `nnx.to_pure_dict(nnx.state(model, nnx.Param))` (NNX).
     loaded: the earlier model's params as stored (a nested dict, e.g. an Orbax restore
-      without a target).
+      without a target; raw NNX state, whose every path ends in "value", is read as its
+      pure dict).
     may_be_missing: which paths (tuples of names) of `fresh` may be absent from `loaded`
       and keep their fresh init; by default only `mask_logits` leaves.
 
@@ -51,7 +60,7 @@ def merge_params(fresh: Mapping, loaded: Mapping, *,
     `loaded` lacks and `may_be_missing` does not allow: a silent partial load would train
     a model that is not the one saved.
   """
-  new, old = _flatten(fresh), _flatten(loaded)
+  new, old = _flatten(fresh), _without_nnx_value(_flatten(loaded))
   show = lambda paths: ", ".join("/".join(map(str, p)) for p in sorted(paths, key=str))
   unknown = set(old) - set(new)
   if unknown:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -534,8 +535,15 @@ def plot_fraction_curve(summary, path, metric: str | None = None,
 # ----------------------------------------------------------------------------- a run
 
 
-def _layer_order(name: str) -> int:
-  return int(name.rsplit("_", 1)[-1]) if name[-1].isdigit() else 0
+def _layer_order(name: str) -> tuple:
+  """Layers in model order: "block_10" after "block_9", "Encoder_0/layers_3/attn" by
+  each of its numbers."""
+  return tuple(int(n) for n in re.findall(r"\d+", name))
+
+
+def _file_name(name: str) -> str:
+  """A layer path such as "Encoder_0/layers_3/attn" as one file name."""
+  return name.replace("/", "-")
 
 
 def plot_run(run_dir) -> list[str]:
@@ -578,13 +586,13 @@ def plot_run(run_dir) -> list[str]:
         if any(cell[0] == task for cell in curves):
           fig = curve_figure(curves, task, metric, varying[task], colors,
                              f"{task}, {layer}: {metric}")
-          written.append(_save(fig, out_dir / f"{task}_{layer}_{metric}.png"))
+          written.append(_save(fig, out_dir / _file_name(f"{task}_{layer}_{metric}.png")))
     for task in tasks:
       maps = [r for r in records if r["task"] == task and _has_map(r, layer)]
       if maps:
         tokens = token_labels(run_config, task, len(maps[0]["prior_pattern"]))
         fig = attention_figure(records, task, layer, varying[task], colors, tokens)
-        written.append(_save(fig, out_dir / f"{task}_{layer}_attention.png", dpi=90))
+        written.append(_save(fig, out_dir / _file_name(f"{task}_{layer}_attention.png"), dpi=90))
   for task in tasks:
     if any("degree_profile" in r for r in records if r["task"] == task):
       fig = degree_figure(records, task, varying[task], colors)

@@ -23,6 +23,9 @@ import numpy as np
 # `log σ(200)` underflows to exactly 0 in float32 (and bfloat16): a neutral prior adds
 # nothing to the logits, bit for bit, and `σ(−200) = 0` so it also receives no gradient.
 NEUTRAL_LOGIT = 200.0
+# `M = 0` adds `log σ(0) = −log 2` to every logit: a constant shift of each row, which the
+# softmax ignores (standard attention up to float rounding), with gradient `σ(0) = 1/2`.
+LEARNABLE_NEUTRAL_LOGIT = 0.0
 
 IMPULSE_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
 
@@ -36,10 +39,20 @@ def _check_strength(name: str, value: float) -> float:
 # --------------------------------------------------------------------------- generic
 
 
-def neutral(n_tokens: int, num_heads: int | None = None) -> jax.Array:
-  """No prior: `log σ(M) = 0` exactly, so attention is exactly standard attention."""
+def neutral(n_tokens: int, num_heads: int | None = None, *,
+            learnable: bool = False) -> jax.Array:
+  """No prior: standard attention. Two kinds, since a constant `M` only shifts each row.
+
+  `learnable=False` (`M = NEUTRAL_LOGIT`): `log σ(M) = 0` exactly, so attention is
+  standard attention bit for bit, but the gradient `σ(−M)` is exactly 0: the mask never
+  moves. Right for a frozen baseline that must equal standard attention.
+  `learnable=True` (`M = 0`): every logit shifts by `−log 2`, standard attention up to
+  float rounding, and the gradient is `σ(0) = 1/2`: right when the mask should learn
+  from no prior (to discover structure).
+  """
   shape = (n_tokens, n_tokens) if num_heads is None else (num_heads, n_tokens, n_tokens)
-  return jnp.full(shape, NEUTRAL_LOGIT, jnp.float32)
+  value = LEARNABLE_NEUTRAL_LOGIT if learnable else NEUTRAL_LOGIT
+  return jnp.full(shape, value, jnp.float32)
 
 
 def from_adjacency(allowed: np.ndarray | jax.Array, strength: float = 4.0,
@@ -133,9 +146,17 @@ def as_initializer(prior: jax.Array) -> Callable:
 
 
 def neutral_init(key, shape, dtype=jnp.float32):
-  """Flax initializer for the neutral prior (exactly standard attention)."""
+  """Flax initializer for the frozen neutral prior: standard attention bit for bit, and a
+  mask that never moves (zero gradient). See `neutral`."""
   del key
   return jnp.full(shape, NEUTRAL_LOGIT, dtype)
+
+
+def learnable_neutral_init(key, shape, dtype=jnp.float32):
+  """Flax initializer for the learnable neutral prior `M = 0`: standard attention up to
+  rounding, with gradient 1/2, so the mask can learn from no prior. See `neutral`."""
+  del key
+  return jnp.full(shape, LEARNABLE_NEUTRAL_LOGIT, dtype)
 
 
 # --------------------------------------------------------------------------- Boolean

@@ -5,15 +5,11 @@ import re
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
 import matplotlib.image
-import numpy as np
 import pytest
 
 import mpx
 from mpx import cli
-from mpx.nn import MaskedSelfAttention
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOY = str(ROOT / "tests" / "toy_experiment.py")
@@ -71,15 +67,75 @@ def test_run_with_an_unusable_out_is_a_one_line_error(tmp_path, out, named, caps
   assert blocker.read_text() == "keep" and sorted(tmp_path.iterdir()) == [blocker]
 
 
-def test_readme_functional_example_runs():
-  readme = (ROOT / "README.md").read_text()
-  blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-  block = next(b for b in blocks if "mpx.masked_attention" in b)
-  namespace = {}
-  exec(compile(block, "README.md", "exec"), namespace)
-  grads = namespace["grads"]
-  assert grads["mask_logits"].shape == (17, 17)
-  assert float(abs(grads["mask_logits"]).max()) > 0
+def test_run_help_lists_experiments_and_presets_marking_tiny(tmp_path, monkeypatch, capsys):
+  """Your own ./experiments are listed beside mpx's; a broken file is named, not fatal."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "experiments").mkdir()
+  (tmp_path / "experiments" / "mine.py").write_text(
+      '"""My experiment: parity on 6 bits."""\n'
+      "Config = PAPER = METRICS = build_groups = None\n"
+      'PRESETS = {"small": {}, "tiny": {}}\n')
+  (tmp_path / "experiments" / "broken.py").write_text('raise RuntimeError("half-written")\n')
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", "--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: mpx run") and "--preset" in out
+  listing = out[out.index("experiments ("):]
+  for name in ("arithmetic", "boolean_coverage", "boolean_gotu", "language", "vision"):
+    entry = re.split(r"\n  (?! )", listing[listing.index(f"  {name}: "):])[0]
+    assert "--preset quick (default)," in entry, entry
+    assert "tiny (runs in under a minute)" in " ".join(entry.split()), entry
+  assert ("  mine: My experiment: parity on 6 bits.\n"
+          "      --preset small (default), tiny (runs in under a minute)\n") in out
+  assert "  broken: cannot be loaded: RuntimeError: half-written" in out
+
+
+def test_importing_the_cli_loads_no_experiment():
+  """`mpx --help` and `mpx prior` must not pay for the sweep, tasks and experiments."""
+  code = ("import sys, mpx.cli; mpx.cli.make_parser(); print(sorted(m for m in sys.modules if "
+          "m.startswith(('mpx.sweep', 'mpx.tasks', 'mpx.experiments', 'mpx_experiment'))))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True).stdout
+  assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("kind, named", [
+    ("file", "is a file, not a run folder"),
+    ("folder", "is not a run folder (no metrics.jsonl or config.json)"),
+    ("missing", "does not exist"),
+    ("run without records", "has no metrics.jsonl yet"),
+])
+def test_plot_on_what_is_not_a_run_is_a_one_line_error(tmp_path, kind, named, capsys):
+  path = tmp_path / "thing"
+  if kind == "file":
+    path.write_text("not a run")
+  elif kind != "missing":
+    path.mkdir()
+  if kind == "run without records":
+    (path / "config.json").write_text("{}")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["plot", str(path)])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"mpx plot: error: {path} ") and named in err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_prior_out_creates_missing_folders_and_names_a_file_in_the_way(tmp_path, capsys):
+  out = tmp_path / "a" / "b" / "c.png"
+  assert cli.main(["prior", "neutral", "--tokens", "4", "--out", str(out)]) == 0
+  assert matplotlib.image.imread(out).ndim == 3
+  (tmp_path / "blocker").write_text("keep")
+  for bad, named in [(tmp_path / "blocker" / "d" / "p.png", "blocker is a file, not a folder"),
+                     (tmp_path / "a", "is a folder; give the PNG file")]:
+    with pytest.raises(SystemExit) as exit_info:
+      cli.main(["prior", "neutral", "--tokens", "4", "--out", str(bad)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mpx prior: error: --out") and named in err
+    assert len(err.strip().splitlines()) == 1
+  assert (tmp_path / "blocker").read_text() == "keep"
 
 
 def test_ci_runs_the_readme_test_command():
@@ -113,17 +169,3 @@ def test_setup_cfg_ships_every_package():
   found = set(setuptools.find_packages(str(root), include=["mpx", "mpx.*"]))
   assert listed == found | {"mpx.experiments"}
   assert "mpx.experiments = experiments" in cfg["options"]["package_dir"]
-
-
-def test_readme_linen_recipe_runs_and_a_shape_mismatch_names_the_fixes():
-  readme = (ROOT / "README.md").read_text()
-  call = re.search(r"With Linen, `(MaskedSelfAttention\(.*?\))`", readme, re.S).group(1)
-  prior = mpx.priors.window_prior(4, 4, window=3, strength=4.0)   # [17, 17], as above.
-  names = {"MaskedSelfAttention": MaskedSelfAttention, "mpx": mpx, "prior": prior}
-  module = eval(call.replace("\n", " "), names)
-  x = jnp.ones((2, 17, 32))
-  params = module.init(jax.random.key(0), x)["params"]
-  np.testing.assert_array_equal(params["mask_logits"], prior)
-  per_head = MaskedSelfAttention(4, 8, mask_init=mpx.priors.as_initializer(prior))
-  with pytest.raises(ValueError, match=r"repeat_heads\(prior, 4\).*per_head_mask=False"):
-    per_head.init(jax.random.key(0), x)

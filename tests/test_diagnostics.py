@@ -1,14 +1,17 @@
 """Persistence diagnostics: drift, fidelity, gradient norms, steps-to-half."""
 
 import chex
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
+from flax import nnx
 
 from mpx import diagnostics, priors
 from mpx.attention import attention_weights
-from mpx.nn import TokenTransformer
+from mpx.nn import MaskedSelfAttention, TokenTransformer
 from mpx.tasks import boolean
 
 MODEL_KW = dict(width=16, depth=2, num_heads=2, head_dim=8, mlp_dim=16)
@@ -68,6 +71,7 @@ def test_gradient_norms_match_jax_grad():
   metrics = diagnostics.persistence_metrics(model.apply, loss, params, params, (_tokens(),),
                                             batch, priors.parity_prior(N_BITS) > 0)
   assert metrics["block_0"]["drift_mask"] == 0.0  # ±3 everywhere: every entry can move.
+  assert set(metrics) == {"block_0", "block_1"} and "drift_mask_rms" not in metrics["block_0"]
   assert metrics["block_1"]["grad_norm_mask"] == pytest.approx(norms["block_1"]["mask"])
   assert 0.0 < metrics["block_0"]["fidelity"] <= 1.0
 
@@ -116,3 +120,151 @@ def test_mask_drift_counts_only_entries_off_the_neutral_logit():
   assert diagnostics.layer_means({"b": {"fidelity": 1.0, "drift_mask": None,
                                         "drift_query": 0.1, "drift_key": 0.1}}
                                  )["drift_mask"] is None
+
+
+# ----------------------------------------------------------------- any model's param tree
+
+def _attn_leaves(mask, scale=1.0):
+  """One attention module's params as Flax names them: mask, query/key/value/out."""
+  kernel = scale * jnp.arange(12.0).reshape(4, 3) / 10 + 0.1
+  return {"mask_logits": mask, "query": {"kernel": kernel, "bias": jnp.ones(3)},
+          "key": {"kernel": 2 * kernel}, "value": {"kernel": kernel}, "out": {"kernel": kernel}}
+
+
+def test_layers_are_the_modules_holding_masks_at_any_depth():
+  """A layer is named by its full path: two layers deep in an encoder stay two layers."""
+  m0 = jnp.array([[2.0, -2.0], [-2.0, 2.0]])
+  start = {"Encoder_0": {"layers_0": {"attn": _attn_leaves(m0)},
+                         "layers_1": {"attn": _attn_leaves(m0)}},
+           "head": {"kernel": jnp.ones((3, 2))}}
+  moved = {"Encoder_0": {"layers_0": {"attn": _attn_leaves(m0 + 0.5)},
+                         "layers_1": {"attn": _attn_leaves(m0, scale=1.1)}},
+           "head": {"kernel": jnp.zeros((3, 2))}}
+  drift = diagnostics.relative_drift(moved, start)
+  assert set(drift) == {"Encoder_0/layers_0/attn", "Encoder_0/layers_1/attn"}
+  first, second = drift["Encoder_0/layers_0/attn"], drift["Encoder_0/layers_1/attn"]
+  assert first["mask"] == pytest.approx(0.5 * 2 / np.linalg.norm(m0), rel=1e-6)
+  assert first["query"] == first["key"] == 0.0 and second["mask"] == 0.0
+  kernel = np.asarray(start["Encoder_0"]["layers_1"]["attn"]["query"]["kernel"])
+  expected = 0.1 * np.linalg.norm(np.arange(12.0) / 10) / np.linalg.norm(kernel)
+  assert second["query"] == pytest.approx(expected, rel=1e-5)
+  assert diagnostics.relative_drift(flax.core.freeze(moved), flax.core.freeze(start)) == drift
+  norms = diagnostics.gradient_norms(moved)
+  assert norms["Encoder_0/layers_0/attn"]["mask"] == pytest.approx(
+      float(jnp.linalg.norm(m0 + 0.5)), rel=1e-6)
+
+
+def test_a_module_named_attention_reports_as_its_parent_and_names_must_not_collide():
+  m0 = jnp.full((2, 2), 3.0)
+  tree = {"block_0": {"attention": _attn_leaves(m0)}, "attention": _attn_leaves(m0)}
+  assert set(diagnostics.relative_drift(tree, tree)) == {"block_0", "attention"}
+  clash = {"a": {"attention": _attn_leaves(m0), **_attn_leaves(m0)}}
+  with pytest.raises(ValueError, match="both report as layer 'a'; rename"):
+    diagnostics.relative_drift(clash, clash)
+  with pytest.raises(ValueError, match="different attention layers"):
+    diagnostics.relative_drift(tree, {"block_0": tree["block_0"]})
+
+
+class _NnxAttention(nnx.Module):
+  """A user's NNX attention: the mask beside query/key projections; sows its weights."""
+
+  def __init__(self, mask, rngs):
+    self.query, self.key = nnx.Linear(4, 4, rngs=rngs), nnx.Linear(4, 4, rngs=rngs)
+    self.mask_logits = nnx.Param(mask)
+
+  def __call__(self, x_BND):
+    logits = jnp.einsum("bnd,bmd->bnm", self.query(x_BND), self.key(x_BND))
+    weights_BHNN = jax.nn.softmax(logits + jax.nn.log_sigmoid(self.mask_logits[...]))[:, None]
+    self.sow(nnx.Intermediate, "attention_weights", weights_BHNN)
+    return jnp.einsum("bhnm,bmd->bnd", weights_BHNN, x_BND)
+
+
+class _NnxModel(nnx.Module):
+  def __init__(self, mask, rngs):
+    self.layers = nnx.List([_NnxAttention(mask, rngs), _NnxAttention(mask, rngs)])
+
+  def __call__(self, x_BND):
+    for layer in self.layers:
+      x_BND = layer(x_BND)
+    return x_BND
+
+
+def _as_dict(model: _NnxModel) -> dict:
+  """The NNX model's params as a plain Linen-style dict, string keys."""
+  return {"layers": {str(i): {"mask_logits": layer.mask_logits[...],
+                              "query": {"kernel": layer.query.kernel[...]},
+                              "key": {"kernel": layer.key.kernel[...]}}
+                     for i, layer in enumerate(model.layers)}}
+
+
+def test_nnx_state_gives_the_numbers_of_the_equivalent_dict():
+  prior = jnp.array([[20.0, -20.0, 20.0]] * 3)
+  model = _NnxModel(prior, nnx.Rngs(0))
+  start = nnx.state(model, nnx.Param)
+  moved = jax.tree_util.tree_map(lambda x: 1.2 * x, start)
+  drift = diagnostics.relative_drift(moved, start)
+  assert set(drift) == {"layers/0", "layers/1"}
+  assert drift["layers/0"]["mask"] == pytest.approx(0.2, rel=1e-5)
+  as_dicts = [jax.tree_util.tree_map(lambda x: 1.2 * x, _as_dict(model)), _as_dict(model)]
+  assert diagnostics.relative_drift(*as_dicts) == drift
+  assert diagnostics.relative_drift(nnx.to_pure_dict(moved),
+                                    nnx.to_pure_dict(start)) == drift
+  assert diagnostics.gradient_norms(moved) == diagnostics.gradient_norms(as_dicts[0])
+  x_BND = jax.random.normal(jax.random.key(0), (2, 3, 4))
+  _, intermediates = nnx.capture(model, nnx.Intermediate)(x_BND)
+  maps = diagnostics.attention_maps_from(intermediates)
+  assert set(maps) == set(drift)
+  chex.assert_shape(maps["layers/1"], (2, 1, 3, 3))
+  assert diagnostics.prior_fidelity(maps["layers/0"], prior > 0) > 0.99
+
+
+class Layer(nn.Module):
+  @nn.compact
+  def __call__(self, x_BND):
+    return x_BND + MaskedSelfAttention(2, 4, per_head_mask=False, name="attn")(x_BND)
+
+
+class Encoder(nn.Module):
+  @nn.compact
+  def __call__(self, x_BND):
+    return Layer(name="layers_1")(Layer(name="layers_0")(x_BND))
+
+
+class Model(nn.Module):
+  @nn.compact
+  def __call__(self, x_BND):
+    return Encoder()(x_BND)
+
+
+def test_linen_attention_maps_are_keyed_like_drift_on_a_nested_model():
+  x_BND = jnp.ones((3, 5, 8))
+  model = Model()
+  params = model.init(jax.random.key(0), x_BND)["params"]
+  maps = diagnostics.attention_maps(model.apply, params, x_BND)
+  assert set(maps) == set(diagnostics.relative_drift(params, params)) == {
+      "Encoder_0/layers_0/attn", "Encoder_0/layers_1/attn"}
+  chex.assert_shape(maps["Encoder_0/layers_1/attn"], (3, 2, 5, 5))
+  _, state = model.apply({"params": params}, x_BND, mutable=["intermediates"])
+  assert set(diagnostics.attention_maps_from(state)) == set(maps)  # The whole state too.
+
+
+def test_a_mask_starting_at_zero_reports_its_rms_change_not_a_relative_drift():
+  """M₀ = 0 (a learnable neutral prior) has no scale for ‖M − M₀‖/‖M₀‖: drift_mask is
+  None and drift_mask_rms = ‖M − M₀‖/√n; masks that start elsewhere report as before."""
+  model = TokenTransformer(mask_init=jax.nn.initializers.zeros, **MODEL_KW)
+  params = model.init(jax.random.key(6), _tokens())["params"]
+  moved = jax.tree_util.tree_map_with_path(
+      lambda path, p: p + jnp.where(jnp.eye(N_BITS + 1, dtype=bool), 0.3, 0.0)
+      if path[-1].key == "mask_logits" else p, params)
+  assert diagnostics.relative_drift(moved, params)["block_0"]["mask"] is None
+  rms = 0.3 * np.sqrt(2 * (N_BITS + 1) / (2 * (N_BITS + 1) ** 2))  # 2 heads' diagonals.
+  assert diagnostics.mask_rms_change(moved, params)["block_1"] == pytest.approx(rms, rel=1e-5)
+  loss = lambda p, batch: jnp.mean(model.apply({"params": p}, batch["t"]) ** 2)
+  metrics = diagnostics.persistence_metrics(model.apply, loss, moved, params, (_tokens(),),
+                                            {"t": _tokens()}, priors.parity_prior(N_BITS) > 0)
+  assert metrics["block_0"]["drift_mask"] is None
+  assert metrics["block_0"]["drift_mask_rms"] == pytest.approx(rms, rel=1e-5)
+  assert diagnostics.layer_means(metrics)["drift_mask"] is None
+  assert diagnostics.mask_rms_change(params, params)["block_0"] == 0.0
+  neutral = _model(None).init(jax.random.key(5), _tokens())["params"]  # Nothing can move.
+  assert diagnostics.mask_rms_change(neutral, neutral)["block_0"] is None

@@ -35,6 +35,42 @@ def test_head_stacking():
     priors.stack_heads([a, priors.neutral(5)])
 
 
+def _neutral_case():
+  """q, k, v `[B, N, H, D]`, a loss on the attention output, and N, H."""
+  n, h = 5, 3
+  q, k, v, w = (jax.random.normal(key, (2, n, h, 4))
+                for key in jax.random.split(jax.random.key(0), 4))
+  loss = lambda m: jnp.sum(mpx.masked_attention(q, k, v, m) * w)
+  return (q, k, v), loss, n, h
+
+
+def test_both_neutral_priors_are_standard_attention():
+  (q, k, v), _, n, h = _neutral_case()
+  standard = mpx.masked_attention(q, k, v, None)
+  frozen, learnable = priors.neutral(n, h), priors.neutral(n, h, learnable=True)
+  np.testing.assert_array_equal(frozen, priors.neutral_init(None, (h, n, n)))
+  np.testing.assert_array_equal(learnable, priors.learnable_neutral_init(None, (h, n, n)))
+  np.testing.assert_array_equal(learnable, 0.0)
+  chex.assert_shape(priors.neutral(n, learnable=True), (n, n))
+  np.testing.assert_array_equal(mpx.masked_attention(q, k, v, frozen), standard)
+  np.testing.assert_allclose(mpx.masked_attention(q, k, v, learnable), standard, atol=1e-6)
+
+
+def test_frozen_neutral_never_moves_and_learnable_neutral_does():
+  """Plain SGD: the gradient σ(−M) is exactly 0 at M = 200 and 1/2 at M = 0."""
+  _, loss, n, h = _neutral_case()
+  for learnable in (False, True):
+    m = priors.neutral(n, h, learnable=learnable)
+    value, grad = jax.value_and_grad(loss)(m)
+    stepped = m - 0.1 * grad
+    if learnable:
+      assert float(jnp.max(jnp.abs(grad))) > 1e-3
+      assert float(loss(stepped)) < float(value)
+    else:
+      np.testing.assert_array_equal(grad, 0.0)
+      np.testing.assert_array_equal(stepped, m)
+
+
 def test_bias_to_logits_round_trip():
   b = jnp.array([-10.0, -2.0, -0.5, -1e-3, 0.0])
   m = priors.bias_to_logits(b)

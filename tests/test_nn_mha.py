@@ -1,0 +1,239 @@
+"""`mpx.nn.MultiHeadDotProductAttention` against `flax.linen.MultiHeadDotProductAttention`.
+
+Every comparison runs Flax's module and the drop-in on the same params. With the neutral
+prior the drop-in adds a float32 zero to Flax's float32 logits, so float32 outputs are
+bit for bit Flax's; in bfloat16 the float32 bias promotes the logits and softmax to
+float32, so outputs agree to bfloat16 rounding.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from flax import linen as nn
+
+import mpx
+from mpx import diagnostics, priors
+from mpx.nn import MultiHeadDotProductAttention, mha
+
+B, N, NK, D, H = 2, 5, 7, 8, 2
+
+
+def _x(seed, n=N):
+  return jax.random.normal(jax.random.key(seed), (B, n, D))
+
+
+def _prior(shape, seed=7):
+  """A non-saturated prior: log σ(M) between about −3 and 0, with a gradient."""
+  return jax.random.normal(jax.random.key(seed), shape) * 2.0
+
+
+def _pair(prior=None, *, per_head_mask=True, learnable_mask=True, **kwargs):
+  """Flax's module and the drop-in, same Flax arguments (the drop-in with a prior)."""
+  extra = {} if prior is None else {"mask_init": priors.as_initializer(prior)}
+  return (nn.MultiHeadDotProductAttention(num_heads=H, **kwargs),
+          MultiHeadDotProductAttention(num_heads=H, per_head_mask=per_head_mask,
+                                       learnable_mask=learnable_mask, **kwargs, **extra))
+
+
+def _both_params(flax_mha, drop_in, *args, **kwargs):
+  """Flax's init, and the drop-in's fresh init with Flax's params merged in."""
+  flax_params = flax_mha.init(jax.random.key(0), *args, **kwargs)["params"]
+  fresh = drop_in.init(jax.random.key(0), *args, **kwargs)["params"]
+  return flax_params, mpx.merge_params(fresh, flax_params)
+
+
+_PADDING_BN = jnp.array([[True] * N, [True] * (N - 2) + [False] * 2])
+CASES = {
+    "self": ({}, (_x(1),), {}),
+    "cross": ({}, (_x(1), _x(2, NK), _x(3, NK)), {}),
+    "causal_and_padding": ({}, (_x(1),), {"mask": nn.combine_masks(
+        nn.make_causal_mask(jnp.ones((B, N))), nn.make_attention_mask(_PADDING_BN,
+                                                                      _PADDING_BN))}),
+    "dropout": ({"dropout_rate": 0.5, "deterministic": False}, (_x(1),),
+                {"dropout_rng": jax.random.key(5)}),
+    "normalize_qk": ({"normalize_qk": True, "qkv_features": 12, "out_features": 6},
+                     (_x(1),), {}),
+    "bias_bound_in_attention_fn": ({"attention_fn": functools.partial(
+        nn.dot_product_attention, bias=-jnp.arange(N, dtype=jnp.float32))}, (_x(1),), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_neutral_prior_is_flax_bit_for_bit(case):
+  module_kwargs, args, call_kwargs = CASES[case]
+  flax_mha, drop_in = _pair(**module_kwargs)
+  flax_params, params = _both_params(flax_mha, drop_in, *args, **call_kwargs)
+  n_q, n_k = args[0].shape[-2], args[-1].shape[-2]
+  assert params["mask_logits"].shape == (H, n_q, n_k)
+  # Fresh inits agree too: the drop-in's other params are Flax's, same names, same values.
+  fresh = drop_in.init(jax.random.key(0), *args, **call_kwargs)["params"]
+  jax.tree.map(np.testing.assert_array_equal, flax_params,
+               {k: v for k, v in fresh.items() if k != "mask_logits"})
+  expected = flax_mha.apply({"params": flax_params}, *args, **call_kwargs)
+  out = drop_in.apply({"params": params}, *args, **call_kwargs)
+  np.testing.assert_array_equal(out, expected)
+
+
+def test_dropout_rng_from_rngs_matches_flax():
+  flax_mha, drop_in = _pair(dropout_rate=0.5)
+  flax_params, params = _both_params(flax_mha, drop_in, _x(1), deterministic=True)
+  rngs = {"dropout": jax.random.key(9)}
+  out = drop_in.apply({"params": params}, _x(1), deterministic=False, rngs=rngs)
+  expected = flax_mha.apply({"params": flax_params}, _x(1), deterministic=False, rngs=rngs)
+  np.testing.assert_array_equal(out, expected)
+  assert not np.array_equal(out, drop_in.apply({"params": params}, _x(1),
+                                               deterministic=True))
+
+
+def test_bfloat16_matches_flax_to_bf16_rounding():
+  flax_mha, drop_in = _pair(dtype=jnp.bfloat16)
+  flax_params, params = _both_params(flax_mha, drop_in, _x(1))
+  assert params["mask_logits"].dtype == jnp.float32
+  out = drop_in.apply({"params": params}, _x(1))
+  expected = flax_mha.apply({"params": flax_params}, _x(1))
+  assert out.dtype == expected.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.float32(out), np.float32(expected), atol=3e-2, rtol=3e-2)
+
+
+def _reference(params, x_q, x_k, mask_logits):
+  """`softmax(q·kᵀ/√d + log σ(M)) v`, projected, in float64 numpy."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  proj = lambda x, name: np.einsum("bnd,dhr->bnhr", x, p[name]["kernel"]) + p[name]["bias"]
+  q, k, v = proj(x_q, "query"), proj(x_k, "key"), proj(x_k, "value")
+  logits = np.einsum("bqhr,bkhr->bhqk", q, k) / np.sqrt(q.shape[-1])
+  logits = logits - np.logaddexp(0.0, -np.asarray(mask_logits, np.float64))  # + log σ(M)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  return np.einsum("bhqk,bkhr,hrd->bqd", probs, v, p["out"]["kernel"]) + p["out"]["bias"]
+
+
+@pytest.mark.parametrize("per_head_mask", [True, False])
+def test_prior_shapes_the_logits_as_the_reference_says(per_head_mask):
+  shape = (H, N, NK) if per_head_mask else (N, NK)
+  flax_mha, drop_in = _pair(_prior(shape), per_head_mask=per_head_mask)
+  x_q, x_k = np.asarray(_x(1)), np.asarray(_x(2, NK))
+  flax_params, params = _both_params(flax_mha, drop_in, x_q, x_k)
+  assert params["mask_logits"].shape == shape
+  out = drop_in.apply({"params": params}, x_q, x_k)
+  np.testing.assert_allclose(out, _reference(params, x_q, x_k, params["mask_logits"]),
+                             atol=1e-5)
+  assert np.abs(out - flax_mha.apply({"params": flax_params}, x_q, x_k)).max() > 1e-2
+
+
+def test_decoding_steps_equal_the_causal_pass():
+  prior = _prior((H, N, N))
+  flax_mha, drop_in = _pair(prior)
+  decoder = drop_in.clone(decode=True)
+  x = _x(1)
+  variables = decoder.init(jax.random.key(0), x)  # Full length: builds M and the cache.
+  params, cache = variables["params"], variables["cache"]
+  np.testing.assert_array_equal(params["mask_logits"], prior)
+  full = drop_in.apply({"params": params}, x, mask=nn.make_causal_mask(jnp.ones((B, N))))
+
+  @jax.jit
+  def step(cache, x_t):
+    return decoder.apply({"params": params, "cache": cache}, x_t, mutable=["cache"])
+
+  steps = []
+  for t in range(N):
+    out_t, state = step(cache, x[:, t:t + 1])
+    cache = state["cache"]
+    steps.append(out_t)
+  assert int(cache["cache_index"]) == N
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-6)
+  # Row t of the prior shaped step t: a neutral prior decodes to Flax's outputs instead.
+  assert np.abs(full - flax_mha.apply({"params": params}, x, mask=nn.make_causal_mask(
+      jnp.ones((B, N))))).max() > 1e-2
+
+
+def test_flax_checkpoint_loads_through_merge_params(tmp_path):
+  flax_mha, drop_in = _pair()
+  x = _x(1)
+  flax_params = flax_mha.init(jax.random.key(3), x)["params"]
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(tmp_path / "flax", flax_params)
+  checkpointer.wait_until_finished()
+  fresh = drop_in.init(jax.random.key(0), x)["params"]
+  # A plain restore into the drop-in's tree fails: the checkpoint has no mask_logits.
+  with pytest.raises(ValueError, match="mask_logits"):
+    checkpointer.restore(tmp_path / "flax", fresh)
+  restored = checkpointer.restore(tmp_path / "flax")  # No target: the stored tree.
+  params = mpx.merge_params(fresh, restored)
+  np.testing.assert_array_equal(params["mask_logits"], fresh["mask_logits"])
+  np.testing.assert_array_equal(drop_in.apply({"params": params}, x),
+                                flax_mha.apply({"params": flax_params}, x))
+
+
+@pytest.mark.parametrize("learnable", [True, False])
+def test_mask_gradient_flows_unless_frozen(learnable):
+  _, drop_in = _pair(_prior((N, N)), per_head_mask=False, learnable_mask=learnable)
+  params = drop_in.init(jax.random.key(0), _x(1))["params"]
+  grads = jax.grad(lambda p: jnp.sum(drop_in.apply({"params": p}, _x(1)) ** 2))(params)
+  norm = float(jnp.linalg.norm(grads["mask_logits"]))
+  assert (norm > 1e-3) if learnable else (norm == 0.0)
+  assert float(jnp.linalg.norm(grads["query"]["kernel"])) > 0
+
+
+class _TwoLayers(nn.Module):
+  """A Linen model where the swap happened: Flax's own module names, one prior each."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = x + MultiHeadDotProductAttention(num_heads=H, mask_init=priors.as_initializer(
+        _prior((H, N, N))), name="attention_0")(x)
+    return x + MultiHeadDotProductAttention(num_heads=H, name="attention_1")(x)
+
+
+def test_attention_weights_recorded_where_flax_records_them():
+  flax_mha, drop_in = _pair(_prior((H, N, N)))
+  x = _x(1)
+  flax_params, params = _both_params(flax_mha, drop_in, x)
+  _, flax_state = flax_mha.apply({"params": flax_params}, x, sow_weights=True,
+                                 mutable=["intermediates"])
+  for sow_weights in (True, False):  # A mutable `intermediates` is enough.
+    _, state = drop_in.apply({"params": params}, x, sow_weights=sow_weights,
+                             mutable=["intermediates"])
+    assert jax.tree.structure(state) == jax.tree.structure(flax_state)
+  (weights_BHQK,) = state["intermediates"]["attention_weights"]
+  np.testing.assert_allclose(weights_BHQK.sum(-1), 1.0, atol=1e-6)
+  np.testing.assert_allclose(weights_BHQK, mpx.attention_weights(
+      *(jnp.einsum("bnd,dhr->bnhr", x, params[n]["kernel"]) + params[n]["bias"]
+        for n in ("query", "key")), params["mask_logits"]), atol=1e-5)
+  model = _TwoLayers()
+  maps = diagnostics.attention_maps(model.apply, model.init(jax.random.key(0), x)["params"],
+                                    x)
+  assert sorted(maps) == ["attention_0", "attention_1"]
+  assert maps["attention_0"].shape == (B, H, N, N)
+
+
+def test_errors_name_the_fix(monkeypatch):
+  _, drop_in = _pair()
+  params = drop_in.init(jax.random.key(0), _x(1))["params"]
+  with pytest.raises(ValueError, match="lengths used at init"):
+    drop_in.apply({"params": params}, _x(1, N + 1))
+  with pytest.raises(ValueError, match="set per_head_mask as at init"):
+    drop_in.clone(per_head_mask=False).apply({"params": params}, _x(1))
+  with pytest.raises(ValueError, match="give it a `bias` argument"):
+    drop_in.clone(attention_fn=lambda query, key, value: value).init(
+        jax.random.key(0), _x(1))
+  with pytest.raises(ValueError, match="caches self-attention"):
+    drop_in.clone(decode=True).init(jax.random.key(0), _x(1), _x(2, NK))
+  wrong = drop_in.clone(mask_init=priors.as_initializer(_prior((N, N))))
+  with pytest.raises(ValueError, match="repeat_heads"):
+    wrong.init(jax.random.key(0), _x(1))
+  # Were Flax ever to bypass attention_fn, the prior would be lost: that raises.
+  monkeypatch.setattr(mha, "_with_prior", lambda attention_fn, bias, calls: attention_fn)
+  with pytest.raises(RuntimeError, match="did not call its attention_fn"):
+    drop_in.init(jax.random.key(0), _x(1))
+
+
+def test_is_a_flax_module_with_every_flax_argument():
+  names = lambda cls: {f.name for f in dataclasses.fields(cls)}
+  assert issubclass(MultiHeadDotProductAttention, nn.MultiHeadDotProductAttention)
+  assert names(MultiHeadDotProductAttention) - names(nn.MultiHeadDotProductAttention) == {
+      "mask_init", "learnable_mask", "per_head_mask"}

@@ -1,0 +1,264 @@
+"""Flax NNX: the drop-in `mpx.nnx.MultiHeadAttention` computes flax's attention plus the
+prior, and the NNX `MaskedSelfAttention` is the Linen module with transplanted weights."""
+
+import inspect
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+
+import mpx
+import mpx.nn
+import mpx.nnx
+from mpx import priors
+from mpx.sweep.optim import OptimConfig, make_optimizer
+
+B, N, F, H = 2, 5, 8, 2
+HAS_GQA = "num_kv_heads" in inspect.signature(nnx.MultiHeadAttention.__init__).parameters
+
+
+def _x(seed, n=N, features=F):
+  return jax.random.normal(jax.random.key(seed), (B, n, features))
+
+
+def _prior(seed, shape):
+  """A non-neutral prior: logits in (-4, 4), so every entry of log σ(M) matters."""
+  return jax.random.uniform(jax.random.key(seed), shape, jnp.float32, -4.0, 4.0)
+
+
+def _pair(num_tokens=N, **kwargs):
+  """flax's module and the drop-in with the neutral prior, built from the same seed (so the
+  same weights: the drop-in draws its mask after flax's params)."""
+  args = dict(num_heads=H, in_features=F, decode=False) | kwargs
+  return (nnx.MultiHeadAttention(**args, rngs=nnx.Rngs(0)),
+          mpx.nnx.MultiHeadAttention(**args, num_tokens=num_tokens, rngs=nnx.Rngs(0)))
+
+
+def _load(model, pure_dict):
+  state = nnx.state(model)
+  nnx.replace_by_pure_dict(state, mpx.merge_params(nnx.to_pure_dict(state), pure_dict))
+  nnx.update(model, state)
+
+
+def test_neutral_drop_in_is_flax_bit_for_bit():
+  """Self-attention, a padding mask, cross-attention and dropout under fixed rngs: the
+  neutral bias is exactly 0, so the outputs are equal bit for bit."""
+  flax_mha, ours = _pair()
+  chex.assert_trees_all_equal(nnx.to_pure_dict(nnx.state(flax_mha)),
+                              {k: v for k, v in nnx.to_pure_dict(nnx.state(ours)).items()
+                               if k != "mask_logits"})
+  chex.assert_shape(ours.mask_logits[...], (H, N, N))
+  x = _x(1)
+  np.testing.assert_array_equal(ours(x), flax_mha(x))
+  valid_BN = jnp.arange(N)[None] < jnp.array([[3], [5]])
+  mask = nnx.make_attention_mask(valid_BN, valid_BN)
+  np.testing.assert_array_equal(ours(x, mask=mask), flax_mha(x, mask=mask))
+
+  flax_mha, ours = _pair((3, N), in_kv_features=6)
+  q, kv = _x(2, n=3), _x(3, features=6)
+  np.testing.assert_array_equal(ours(q, kv), flax_mha(q, kv))
+
+  flax_mha, ours = _pair(dropout_rate=0.5, deterministic=False)
+  dropped = ours(x, rngs=nnx.Rngs(dropout=7))
+  np.testing.assert_array_equal(dropped, flax_mha(x, rngs=nnx.Rngs(dropout=7)))
+  assert not np.allclose(dropped, ours(x, deterministic=True))
+
+
+@pytest.mark.skipif(not HAS_GQA, reason="this flax has no num_kv_heads")
+def test_grouped_query_drop_in_is_flax():
+  flax_mha, ours = _pair(num_heads=4, num_kv_heads=2)
+  chex.assert_shape(ours.key.kernel[...], (F, 2, 2))
+  chex.assert_shape(ours.mask_logits[...], (4, N, N))  # One prior per *query* head.
+  np.testing.assert_array_equal(ours(_x(1)), flax_mha(_x(1)))
+
+
+def _call_sowing(model, *args, **kwargs):
+  """(output, attention_weights) as recorded by `sow_weights=True`: through nnx.capture
+  where flax has it (a sow outside it is deprecated there), else from the module."""
+  if hasattr(nnx, "capture"):
+    out, sown = nnx.capture(model, nnx.Intermediate)(*args, sow_weights=True, **kwargs)
+  else:
+    out, sown = model(*args, sow_weights=True, **kwargs), nnx.state(model, nnx.Intermediate)
+  (weights,) = nnx.to_pure_dict(sown)["attention_weights"]
+  return out, weights
+
+
+def _reference_probs(model, x_BNF, prior):
+  """softmax(q·kᵀ/√d + log σ(M)) from the module's own projections."""
+  q, k = model.query(x_BNF), model.key(x_BNF)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  return jax.nn.softmax(logits + jax.nn.log_sigmoid(prior), axis=-1)
+
+
+@pytest.mark.parametrize("per_head", [True, False])
+def test_prior_matches_the_reference_and_sows_its_weights(per_head):
+  prior = _prior(3, (H, N, N) if per_head else (N, N))
+  model = mpx.nnx.MultiHeadAttention(
+      H, F, decode=False, num_tokens=N, per_head_mask=per_head,
+      mask_init=priors.as_initializer(prior), rngs=nnx.Rngs(0))
+  x = _x(1)
+  out, sown = _call_sowing(model, x)
+  probs = _reference_probs(model, x, prior)
+  chex.assert_trees_all_close(sown, probs, atol=1e-6)
+  expected = model.out(jnp.einsum("bhqk,bkhd->bqhd", probs, model.value(x)))
+  chex.assert_trees_all_close(out, expected, atol=1e-6)
+
+
+def test_decode_step_by_step_equals_a_causal_pass():
+  prior = _prior(4, (H, N, N))
+  model = mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N,
+                                     mask_init=priors.as_initializer(prior),
+                                     rngs=nnx.Rngs(0))
+  x = _x(1)
+  full = model(x, mask=nnx.make_causal_mask(x[..., 0]))
+  model.init_cache(x.shape)
+  step = nnx.jit(lambda m, x_B1F: m(x_B1F, decode=True))  # The cache index is traced.
+  steps = jnp.concatenate([step(model, x[:, i:i + 1]) for i in range(N)], axis=1)
+  chex.assert_trees_all_close(steps, full, atol=1e-6)  # Other shapes: ~2e-7 apart.
+  with pytest.raises(ValueError, match="needs num_tokens=6"):
+    model.init_cache((B, N + 1, F))
+    model(x[:, :1], decode=True)
+
+
+def test_wrong_token_counts_name_the_argument():
+  model = mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"num_tokens=\(5, 5\).*num_tokens=4"):
+    model(_x(1, n=4))
+  with pytest.raises(ValueError, match=r"num_tokens=\(5, 3\)"):
+    model(_x(1), _x(2, n=3))
+  with pytest.raises(ValueError, match="num_tokens must be"):
+    mpx.nnx.MultiHeadAttention(H, F, num_tokens=(N, N, N), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="repeat_heads"):
+    mpx.nnx.MultiHeadAttention(H, F, num_tokens=N, rngs=nnx.Rngs(0),
+                               mask_init=priors.as_initializer(_prior(0, (N, N))))
+
+
+def test_frozen_mask_is_not_updated_by_the_param_optimizer():
+  prior = _prior(5, (H, N, N))
+  x = _x(1)
+  for learnable in (True, False):
+    model = mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N,
+                                       learnable_mask=learnable,
+                                       mask_init=priors.as_initializer(prior),
+                                       rngs=nnx.Rngs(0))
+    assert isinstance(model.mask_logits, nnx.Param if learnable else mpx.nnx.FrozenMask)
+    kernel = model.query.kernel[...]
+    optimizer = nnx.Optimizer(model, optax.sgd(0.5), wrt=nnx.Param)
+    optimizer.update(model, nnx.grad(lambda m: jnp.sum(m(x) ** 2))(model))
+    assert not np.allclose(model.query.kernel[...], kernel)
+    assert np.allclose(model.mask_logits[...], prior) != learnable, learnable
+    assert ("mask_logits" in nnx.to_pure_dict(nnx.state(model, nnx.Param))) == learnable
+
+
+def test_mask_is_exempt_from_weight_decay_in_nnx_state():
+  """adamw with zero gradients: only the decay moves the params. It must shrink every
+  kernel and leave `mask_logits` alone, although NNX paths end at `.value`."""
+  prior = _prior(6, (H, N, N))
+  model = mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N,
+                                     mask_init=priors.as_initializer(prior),
+                                     rngs=nnx.Rngs(0))
+  tx = make_optimizer(OptimConfig(optimizer="adamw"), {
+      "learning_rate": 0.1, "weight_decay": 0.5, "mask_lr_multiplier": 1.0})
+  params = nnx.state(model, nnx.Param)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  new = nnx.to_pure_dict(optax.apply_updates(params, updates))
+  old = nnx.to_pure_dict(params)
+  for name in ("query", "key", "value", "out"):
+    assert np.abs(new[name]["kernel"]).sum() < np.abs(old[name]["kernel"]).sum(), name
+  np.testing.assert_array_equal(new["mask_logits"], prior)
+  # The same through nnx.Optimizer, which hands optax the arrays without `.value`.
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  optimizer.update(model, zeros)
+  np.testing.assert_array_equal(model.mask_logits[...], prior)
+  assert not np.allclose(model.out.kernel[...], old["out"]["kernel"])
+
+
+def test_flax_checkpoint_loads_into_the_drop_in(tmp_path):
+  flax_mha = nnx.MultiHeadAttention(H, F, decode=False, rngs=nnx.Rngs(0))
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(tmp_path / "state", nnx.state(flax_mha))
+  with ocp.StandardCheckpointer() as checkpointer:
+    raw = checkpointer.restore(tmp_path / "state")
+  ours = mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N, rngs=nnx.Rngs(9))
+  x = _x(1)
+  assert not np.allclose(ours(x), flax_mha(x))
+  _load(ours, raw)  # Raw NNX state: every path ends in `value`, which merge_params drops.
+  np.testing.assert_array_equal(ours(x), flax_mha(x))
+  np.testing.assert_array_equal(ours.mask_logits[...], priors.neutral(N, H))
+
+
+def test_linen_weights_transplant_into_the_nnx_twin():
+  prior = _prior(7, (H, N, N))
+  kwargs = dict(causal=True, qkv_bias=True, mask_init=priors.as_initializer(prior))
+  linen = mpx.nn.MaskedSelfAttention(H, head_dim=3, **kwargs)
+  x, pad_BN = _x(1), jnp.arange(N)[None] < jnp.array([[4], [5]])
+  variables = linen.init(jax.random.key(0), x, pad_BN)
+  expected, inter = linen.apply(variables, x, pad_BN, mutable=["intermediates"])
+  twin = mpx.nnx.MaskedSelfAttention(H, F, num_tokens=N, head_dim=3, **kwargs,
+                                     rngs=nnx.Rngs(1))
+  _load(twin, variables["params"])  # Raises unless every name and shape matches.
+  out, sown = _call_sowing(twin, x, pad_BN)  # Bit-exact on XLA:CPU; the tolerance is slack.
+  chex.assert_trees_all_close(out, expected, atol=1e-6)
+  (expected_weights,) = inter["intermediates"]["attention_weights"]
+  chex.assert_trees_all_close(sown, expected_weights, atol=1e-6)
+  frozen = mpx.nnx.MaskedSelfAttention(H, F, num_tokens=N, learnable_mask=False,
+                                       rngs=nnx.Rngs(1))
+  assert isinstance(frozen.mask_logits, mpx.nnx.FrozenMask)
+  bare = mpx.nnx.MaskedSelfAttention(H, F, use_mask=False, rngs=nnx.Rngs(1))
+  assert "mask_logits" not in nnx.to_pure_dict(nnx.state(bare))
+  chex.assert_shape(bare(x), (B, N, F))
+
+
+def test_import_needs_only_jax_and_flax():
+  """flax.nnx itself imports optax; mpx.nnx adds only mpx's core modules."""
+  code = ("import sys, flax.nnx; before = set(sys.modules); import mpx.nnx; "
+          "print(' '.join(sorted(set(sys.modules) - before)))")
+  added = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+  assert "mpx.nnx" in added
+  banned = ("optax", "orbax", "matplotlib", "mpx.sweep", "mpx.tasks", "mpx.checkpoint")
+  assert [m for m in added if m.startswith(banned) or not m.startswith("mpx")] == []
+
+
+# The seed ensemble of docs/nnx.md: members made and trained under nnx.vmap.
+def _member(key):
+  return mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N, rngs=nnx.Rngs(key),
+                                    mask_init=priors.as_initializer(_prior(8, (H, N, N))))
+
+
+def _train_step(model, optimizer, x, y):
+  loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+  optimizer.update(model, grads)
+  return loss
+
+
+def test_vmap_seed_ensemble_members_equal_models_trained_alone():
+  # SGD, not Adam: the key bias has a zero gradient up to rounding (softmax ignores a shift
+  # of all logits), which Adam would scale up to full steps of noise.
+  keys, tx = jax.random.split(jax.random.key(0), 4), optax.sgd(0.5)
+  models = nnx.vmap(_member)(keys)
+  optimizers = nnx.vmap(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param))(models)
+  ensemble_step = nnx.jit(nnx.vmap(_train_step, in_axes=(0, 0, None, None)))
+  x, y = _x(1), _x(2)
+  for _ in range(3):
+    losses = ensemble_step(models, optimizers, x, y)
+  chex.assert_shape(losses, (4,))
+  stacked = nnx.to_pure_dict(nnx.state(models, nnx.Param))
+  assert not np.allclose(stacked["query"]["kernel"][0], stacked["query"]["kernel"][1])
+
+  alone, single_step = _member(keys[2]), nnx.jit(_train_step)
+  optimizer = nnx.Optimizer(alone, tx, wrt=nnx.Param)
+  for _ in range(3):
+    single_step(alone, optimizer, x, y)
+  member = jax.tree.map(lambda leaf: leaf[2], stacked)
+  chex.assert_trees_all_close(member, nnx.to_pure_dict(nnx.state(alone, nnx.Param)),
+                              atol=1e-6)
+  assert not np.allclose(member["mask_logits"], _prior(8, (H, N, N)))  # It learned.
