@@ -205,7 +205,11 @@ def make_parser() -> argparse.ArgumentParser:
   run.add_argument("experiment", help="experiment name (e.g. boolean_gotu) or path to its file")
   run.add_argument("--preset", help="preset of the experiment (default: its first)")
   run.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config field (repeatable); unknown keys are an error")
+                   help="override a config field (repeatable); unknown keys are an error. "
+                        "A list (a,b,c or logspace(1e-4,1e-2,5) / linspace(...)) sweeps it: "
+                        "for learning_rate, weight_decay and mask_lr_multiplier (traced "
+                        "values) the values are members of each group, one program; for "
+                        "any other field, one group per value")
   run.add_argument("--out", help="run directory (default: runs/FILE-PRESET, FILE the "
                                  "experiment's file name)")
   run.add_argument("--resume", action="store_true",

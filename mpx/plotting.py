@@ -341,7 +341,7 @@ def _load_summary(run_dir: pathlib.Path) -> dict:
 
 
 def headline_metric(summary) -> str:
-  """The metric the overview and the fraction curve lead with: the first one the paper
+  """The metric the overview and the sensitivity figures lead with: the first one the paper
   gives a number for (what a run is compared on), else the first in summary.json (where
   keys are sorted)."""
   names = list(dict.fromkeys(k for m in summary["members"] for k in m["metrics"]))
@@ -478,19 +478,21 @@ def plot_overview(run_dir, metric: str | None = None, *, records=None,
   return _save(overview_figure(summary, records, metric, colors), out_dir / OVERVIEW_FILE)
 
 
-# ----------------------------------------------------------------------------- fractions
+# ----------------------------------------------------------------------------- sensitivity
+
+AXIS_LABELS = {"data_fraction": "fraction of the training data"}
 
 
-def fraction_figure(summary, metric: str, colors: Mapping[str, str]):
-  """The final `metric` against the training-data fraction, one panel per task, one line
-  per scheme (and group of other distinguishing hparams): the mean over the non-diverged
-  seeds with a min–max band, log-x (the fractions of a low-data sweep span decades).
-  Reads summary.json's members, which need `hparams["data_fraction"]`."""
-  members = [m for m in summary["members"] if "data_fraction" in m["hparams"]
+def sensitivity_figure(summary, hparam: str, metric: str, colors: Mapping[str, str]):
+  """The final `metric` against one swept hyperparameter (a learning rate, a data
+  fraction, a width), one panel per task, one line per scheme (and values of the other
+  swept hparams): the mean over the non-diverged seeds with a min–max band and every seed
+  as a point; log-x where the values span a decade or more. Reads summary.json's members."""
+  members = [m for m in summary["members"] if _number(m["hparams"].get(hparam)) is not None
              and not m["diverged"] and _number(m["metrics"].get(metric)) is not None]
   if not members:
-    raise ValueError(f"no member that did not diverge has hparams['data_fraction'] and a "
-                     f"finite {metric}; nothing to plot (pass another metric).")
+    raise ValueError(f"no member that did not diverge has a number hparams[{hparam!r}] and "
+                     f"a finite {metric}; nothing to plot (pass another metric).")
   scale, label = _unit(metric)
   tasks = list(dict.fromkeys(m["task"] for m in members))
   plt = _pyplot()
@@ -498,38 +500,48 @@ def fraction_figure(summary, metric: str, colors: Mapping[str, str]):
                            layout="constrained")
   for ax, task in zip(axes[0], tasks):
     mine = [m for m in members if m["task"] == task]
-    varying = [k for k in report.distinguishing_hparams(mine) if k != "data_fraction"]
-    lines: dict = {}  # scheme and other hparams → (a cell of the line, {fraction: values})
+    varying = [k for k in report.distinguishing_hparams(mine) if k != hparam]
+    lines: dict = {}  # scheme and other hparams → (a cell of the line, {value: metrics})
     for m in mine:
       line = (m["scheme"], *(json.dumps(m["hparams"].get(k)) for k in varying))
-      _, by_fraction = lines.setdefault(line, (report.cell_key(m), {}))
-      by_fraction.setdefault(m["hparams"]["data_fraction"], []).append(
-          scale * m["metrics"][metric])
+      _, by_value = lines.setdefault(line, (report.cell_key(m), {}))
+      by_value.setdefault(m["hparams"][hparam], []).append(scale * m["metrics"][metric])
     bands = {}
-    for cell, by_fraction in lines.values():
-      fractions = sorted(by_fraction)
-      values = [np.array(by_fraction[f]) for f in fractions]
-      bands[cell] = (np.array(fractions), np.array([v.mean() for v in values]),
+    for cell, by_value in lines.values():
+      xs = sorted(by_value)
+      values = [np.array(by_value[x]) for x in xs]
+      bands[cell] = (np.array(xs), np.array([v.mean() for v in values]),
                      np.array([v.min() for v in values]), np.array([v.max() for v in values]),
                      min(len(v) for v in values))
+      ax.scatter([x for x in xs for _ in by_value[x]], np.concatenate(values), s=12,
+                 color=colors[cell[1]], alpha=0.6, zorder=3)
     _draw_lines(ax, bands, varying, colors)
-    ax.set_xscale("log")
-    fractions = sorted({m["hparams"]["data_fraction"] for m in mine})
-    ax.set_xticks(fractions, [f"{f:g}" for f in fractions])  # The fractions trained on.
+    xs = sorted({m["hparams"][hparam] for m in mine})
+    if xs[0] > 0 and xs[-1] >= 10 * xs[0]:
+      ax.set_xscale("log")
+    ax.set_xticks(xs, [f"{x:g}" for x in xs])  # The values trained with.
     ax.minorticks_off()
     if scale == 100.0:
       ax.set_ylim(*PERCENT_LIMITS)
-    ax.set_xlabel("fraction of the training data")
+    ax.set_xlabel(AXIS_LABELS.get(hparam, hparam))
     ax.set_ylabel(label)
     ax.set_title(f"{task}: final {metric}")
   return fig
 
 
-def plot_fraction_curve(summary, path, metric: str | None = None,
-                        colors: Mapping[str, str] | None = None) -> str:
-  """`fraction_figure` of `metric` (default `headline_metric`) into the PNG file `path`."""
+def swept_hparams(summary) -> list[str]:
+  """The numeric hparams whose value differs between members of one task and scheme."""
+  members = summary["members"]
+  return [k for k in report.distinguishing_hparams(members)
+          if all(_number(m["hparams"].get(k)) is not None for m in members)]
+
+
+def plot_sensitivity(summary, path, hparam: str, metric: str | None = None,
+                     colors: Mapping[str, str] | None = None) -> str:
+  """`sensitivity_figure` of `metric` (default `headline_metric`) into the PNG `path`."""
   colors = colors or scheme_colors(m["scheme"] for m in summary["members"])
-  return _save(fraction_figure(summary, metric or headline_metric(summary), colors), path)
+  return _save(sensitivity_figure(summary, hparam, metric or headline_metric(summary),
+                                  colors), path)
 
 
 # ----------------------------------------------------------------------------- a run
@@ -567,9 +579,10 @@ def plot_run(run_dir) -> list[str]:
   if (run_dir / report.SUMMARY_JSON).exists():  # A run still training has none yet.
     written.append(plot_overview(run_dir, records=records, colors=colors))
     summary = _load_summary(run_dir)
-    if any("data_fraction" in m["hparams"] for m in summary["members"]):
-      written.append(plot_fraction_curve(summary, out_dir / "fraction_curve.png",
-                                         colors=colors))
+    for hparam in swept_hparams(summary):  # The headline metric against each.
+      name = "fraction_curve" if hparam == "data_fraction" else f"sensitivity_{hparam}"
+      written.append(plot_sensitivity(summary, out_dir / f"{name}.png", hparam,
+                                      colors=colors))
   for metric in CURVE_METRICS:
     curves = _curves(records, lambda r: r.get(metric))
     for task in tasks:

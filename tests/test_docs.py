@@ -1,7 +1,8 @@
 """Every python block of README.md and docs/*.md runs, exactly as written.
 
-The blocks of a page run in order in one namespace (a page reads like a notebook) with a
-temporary directory as the working directory. A block that needs what a test machine
+The blocks of a docs page run in order in one namespace (a page reads like a notebook), the
+README's each on its own (a reader copies one), with a temporary directory as the working
+directory. A block that needs what a test machine
 lacks (a dataset, a cloud account, several hosts) is marked `<!-- not run: REASON -->` on
 the line above its fence and listed in NOT_RUN; nothing else is skipped. Some pages'
 results are checked beyond "it ran" (CHECKS).
@@ -29,23 +30,25 @@ def blocks(page: str) -> list[tuple[str | None, str, int]]:
 
 
 def run_page(page: str) -> dict:
-  namespace = {"__name__": f"docs:{page}"}
+  """Runs a page's blocks; the README's each alone (they are copied one at a time), a docs
+  page's in one namespace. Returns every name they defined."""
+  namespace, defined = {"__name__": f"docs:{page}"}, {}
   for reason, code, line in blocks(page):
     if reason is None:
+      if page == "README.md":
+        namespace = {"__name__": f"docs:{page}:{line}"}
       exec(compile("\n" * (line - 1) + code, str(ROOT / page), "exec"), namespace)
-  return namespace
+      defined.update(namespace)
+  return defined
 
 
 def _check_readme(namespace, cwd):
+  """The functional block trains the mask; the engine block: 8 members of a linear
+  regression, the large learning rate fits it, the small one has barely moved in 300
+  steps."""
   del cwd
   assert namespace["grads"]["mask_logits"].shape == (17, 17)
   assert float(abs(namespace["grads"]["mask_logits"]).max()) > 0
-
-
-def _check_sweeps(namespace, cwd):
-  """The engine block: 8 members of a linear regression; the large learning rate fits it,
-  the small one has barely moved in 300 steps."""
-  del cwd
   mse = [m["mse"] for m in namespace["metrics"]]
   assert len(mse) == 8
   assert max(mse[4:]) < 1e-3 < min(mse[:4])
@@ -61,8 +64,7 @@ def _check_boolean(namespace, cwd):
   assert all(np.isfinite(r["loss"]) and "fidelity_unseen" in r for r in records)
 
 
-CHECKS = {"README.md": _check_readme, "docs/sweeps.md": _check_sweeps,
-          "docs/boolean.md": _check_boolean}
+CHECKS = {"README.md": _check_readme, "docs/boolean.md": _check_boolean}
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)])

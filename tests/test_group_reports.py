@@ -119,4 +119,4 @@ def test_fraction_curve_without_the_metric_names_it(fraction_run):
   summary = plotting._load_summary(run_dir)
   with pytest.raises(ValueError, match=r"hparams\['data_fraction'\] and a finite "
                                        "sequence_accuracy"):
-    plotting.plot_fraction_curve(summary, run_dir / "f.png", "sequence_accuracy")
+    plotting.plot_sensitivity(summary, run_dir / "f.png", "data_fraction", "sequence_accuracy")

@@ -325,8 +325,8 @@ def test_a_comma_list_for_a_one_value_field_is_a_sweep():
   assert [labels for labels, _ in variants] == [
       {"width": 8, "depth": 1}, {"width": 8, "depth": 2}, {"width": 16, "depth": 1},
       {"width": 16, "depth": 2}]
-  assert all(c.schemes == ("default", "mask") for _, c in variants)   # A tuple field: a list.
-  assert [c.width for _, c in variants] == [8, 8, 16, 16]
+  assert all(c.schemes == ("default", "mask") for _, [c] in variants)  # A tuple field: a list.
+  assert [c.width for _, [c] in variants] == [8, 8, 16, 16]
   _, [(labels, _)] = config_lib.make_configs(experiment, "tiny", ["width=8"])
   assert labels == {}
   with pytest.raises(ValueError, match="seeds is one value per run"):

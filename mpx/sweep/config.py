@@ -6,11 +6,14 @@ import dataclasses
 import importlib.util
 import itertools
 import pathlib
+import re
 import shlex
 import sys
 import types
 import typing
 from typing import Any, Sequence
+
+import numpy as np
 
 import mpx.experiments
 
@@ -114,37 +117,75 @@ def _is_tuple_field(annotation) -> bool:
   return typing.get_origin(annotation) is tuple
 
 
+# The fields every family reads only into its members' hparams (the optimizer's traced
+# values, `optim.HPARAMS`): a list of values for one of them adds a member axis inside
+# each group, trained in the same program; a list for any other field that holds one
+# value (width, depth, a dtype, mask_strength) trains one group per value.
+TRACED = ("learning_rate", "weight_decay", "mask_lr_multiplier")
+_RANGES = {"logspace": np.geomspace, "linspace": np.linspace}
+_RANGE = re.compile(r"(logspace|linspace)\(\s*([^,()]+),([^,()]+),\s*(\d+)\s*\)")
+
+
+def sweep_values(key: str, raw: str) -> list[str]:
+  """`a,b,c`, `logspace(1e-4,1e-2,5)` (geometric: both ends included) or
+  `linspace(0,1,5)` → the raw values, one per item."""
+  match = _RANGE.fullmatch(raw.strip())
+  if match is None:
+    if raw.strip().startswith(tuple(_RANGES)):
+      raise ValueError(f"--set {key}={raw}: write logspace(START,STOP,COUNT) or "
+                       "linspace(START,STOP,COUNT), e.g. logspace(1e-4,1e-2,5).")
+    return [v.strip() for v in raw.split(",")]
+  kind, start, stop, count = match.groups()
+  try:
+    start, stop = float(start), float(stop)
+  except ValueError:
+    raise ValueError(f"--set {key}={raw}: START and STOP must be numbers.") from None
+  if int(count) < 2 or (kind == "logspace" and not (start > 0 and stop > 0)):
+    raise ValueError(f"--set {key}={raw}: COUNT must be >= 2 (and logspace's ends > 0).")
+  return [f"{float(v):.6g}" for v in _RANGES[kind](start, stop, int(count))]
+
+
 def split_sweeps(config_type: type, assignments: Sequence[str]
-                 ) -> tuple[list[str], dict[str, list[str]]]:
-  """`--set` assignments → (plain ones, {key: [raw values]}): a comma list given to a
-  field that holds one value (width, depth, a dtype) sweeps it, one group per value."""
+                 ) -> tuple[list[str], dict[str, list[str]], dict[str, list[str]]]:
+  """`--set` assignments → (plain ones, {key: [raw values]} of static fields: one group
+  per value, {key: [raw values]} of `TRACED` fields: members of each group)."""
   hints = typing.get_type_hints(config_type)
-  plain, sweeps = [], {}
+  plain, sweeps, traced = [], {}, {}
   for assignment in assignments:
     key, sep, raw = assignment.partition("=")
     key = key.strip()
-    if sep and key in hints and "," in raw and not _is_tuple_field(hints[key]):
+    if sep and key in hints and not _is_tuple_field(hints[key]) and (
+        "," in raw or _RANGE.fullmatch(raw.strip()) or raw.strip().startswith(tuple(_RANGES))):
       if key in {f.name for f in dataclasses.fields(SweepConfig)}:
         raise ValueError(f"--set {assignment}: {key} is one value per run (the run loop's "
                          "cadence and seed count); sweep model or optimizer fields.")
-      sweeps[key] = [v.strip() for v in raw.split(",")]
+      (traced if key in TRACED else sweeps)[key] = sweep_values(key, raw)
     else:
       plain.append(assignment)
-  return plain, sweeps
+  return plain, sweeps, traced
 
 
 def make_configs(experiment: types.ModuleType, preset: str | None,
                  assignments: Sequence[str] = ()):
-  """(preset, [(labels, config)]): one config per combination of swept values, labels
-  {key: value} naming it (empty without a sweep)."""
+  """(preset, [(labels, [config, ...])]): per combination of static swept values, labels
+  {key: value} naming it (empty without a sweep) and one config per combination of the
+  traced values (one config without them): the groups they build are one group each."""
   preset, base = _preset_config(experiment, preset)
-  plain, sweeps = split_sweeps(type(base), assignments)
+  plain, sweeps, traced = split_sweeps(type(base), assignments)
   variants = []
   for values in itertools.product(*sweeps.values()):
     swept = [f"{k}={v}" for k, v in zip(sweeps, values)]
-    config = apply_overrides(base, plain + swept)
-    variants.append(({k: getattr(config, k) for k in sweeps}, config))
+    configs = [apply_overrides(base, plain + swept + [f"{k}={v}" for k, v in zip(traced, t)])
+               for t in itertools.product(*traced.values())]
+    variants.append(({k: getattr(configs[0], k) for k in sweeps}, configs))
   return preset, variants
+
+
+def traced_values(variants) -> dict[str, list]:
+  """{traced field: its values} of a `make_configs` result (empty without a traced list)."""
+  configs = variants[0][1]
+  return {k: list(dict.fromkeys(getattr(c, k) for c in configs)) for k in TRACED
+          if len({getattr(c, k, None) for c in configs}) > 1}
 
 
 def experiment_dirs() -> list[pathlib.Path]:

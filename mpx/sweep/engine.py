@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
@@ -148,6 +149,38 @@ class SweepState(NamedTuple):
   step: jax.Array           # [] int32: steps done.
   order: jax.Array | None   # [K, P] int32: the current epoch's example order (epoch sampling).
   initial: PyTree           # the params at init (drift, fidelity at init); None: no probe.
+
+
+def _identity(member: Member) -> str:
+  return json.dumps([member.task, member.scheme, member.seed, member.design,
+                     dict(member.hparams), dict(member.labels)], sort_keys=True, default=str)
+
+
+def merge_groups(groups: Sequence[Group]) -> Group:
+  """One group of the members of `groups`: the same group built at several values of a
+  traced hyperparameter, so only its members' hparams differ. A member that repeats (a
+  scheme whose hparams ignore the swept value, e.g. the default scheme's mask multiplier
+  0) is kept once; per-member rows (per-member `DeviceData`, probe patterns) follow
+  their members."""
+  if len({g.name for g in groups}) != 1:
+    raise ValueError(f"merge_groups merges one group built at several values; got the "
+                     f"groups {sorted({g.name for g in groups})}.")
+  picks = {}
+  for g, group in enumerate(groups):
+    for i, member in enumerate(group.members):
+      picks.setdefault(_identity(member), (g, i))
+  rows = list(picks.values())
+  first = groups[0]
+  data = first.data
+  if isinstance(data, DeviceData) and data.per_member:
+    data = dataclasses.replace(data, arrays={
+        name: np.stack([np.asarray(groups[g].data.arrays[name][i]) for g, i in rows])
+        for name in data.arrays})
+  probe = first.probe
+  if probe is not None:
+    probe = dataclasses.replace(probe, patterns=[groups[g].probe.patterns[i] for g, i in rows])
+  return dataclasses.replace(first, members=[groups[g].members[i] for g, i in rows],
+                             data=data, probe=probe)
 
 
 def stack(trees: Sequence[PyTree]) -> PyTree:

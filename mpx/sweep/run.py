@@ -211,7 +211,8 @@ FINGERPRINT = "fingerprint"
 def _config_differences(previous: dict, saved: dict) -> list[str]:
   """The names that differ: `experiment`/`preset`, the config keys, then the fingerprinted
   names (e.g. `fingerprint.parity3`); empty when a resume may go on."""
-  keys = [k for k in ("experiment", "preset", "sweep") if previous.get(k) != saved.get(k)]
+  keys = [k for k in ("experiment", "preset", "sweep", "traced")
+          if previous.get(k) != saved.get(k)]
   old, new = previous.get("config", {}), saved.get("config", {})
   keys += sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
   if FINGERPRINT in previous:  # Folders written before fingerprints still resume.
@@ -363,6 +364,19 @@ def labelled(group: engine.Group, labels: dict) -> engine.Group:
   return dataclasses.replace(group, name=f"{group.name}-{suffix}", members=members)
 
 
+def _built(experiment: types.ModuleType, configs) -> list[list[engine.Group]]:
+  """The experiment's groups, once per traced value: [[group at each value], ...]."""
+  per_config = [experiment.build_groups(c) for c in configs]
+  if len({tuple(g.name for g in groups) for groups in per_config}) != 1:
+    raise ValueError(f"{experiment.NAME}: build_groups gives other groups at other values of "
+                     f"{config_lib.TRACED}; a traced field must only set members' hparams.")
+  return [list(same) for same in zip(*per_config)]
+
+
+def _merged(groups: list[engine.Group]) -> engine.Group:
+  return groups[0] if len(groups) == 1 else engine.merge_groups(groups)
+
+
 def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                    overrides=(), out_dir: str | None = None, resume: bool = False,
                    devices=None) -> dict:
@@ -370,7 +384,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   (the run folder) and `local_dir`, where its files are written: `run_dir` itself, or for
   a gs:// URL the staging folder `run_folder.push` uploads."""
   preset, variants = config_lib.make_configs(experiment, preset, overrides)
-  cfg = variants[0][1]
+  cfg = variants[0][1][0]
   default_out = f"runs/{config_lib.experiment_stem(experiment)}-{preset}"
   if out_dir is None:
     out_dir = default_out
@@ -391,13 +405,15 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                   "config": json.loads(json.dumps(dataclasses.asdict(cfg)))}
   if variants[0][0]:  # An architecture sweep: the first variant's config and the values.
     saved_config["sweep"] = {k: [labels[k] for labels, _ in variants] for k in variants[0][0]}
+  if traced := config_lib.traced_values(variants):  # Members of every group.
+    saved_config["traced"] = traced
   if hasattr(experiment, "fingerprint"):  # E.g. each Boolean task's definition.
     saved_config[FINGERPRINT] = experiment.fingerprint(cfg)
   saved_config[INFORMATIONAL] = {"command": command,
                                  "experiment_file": getattr(experiment, "__file__", None)}
   # Built before anything is written: a config the family refuses leaves no folder.
-  groups = [labelled(group, labels) for labels, variant in variants
-            for group in experiment.build_groups(variant)]
+  groups = [labelled(_merged(built), labels) for labels, configs in variants
+            for built in _built(experiment, configs)]
   if len({g.name for g in groups}) != len(groups):
     raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
                      "each group needs its own checkpoint folder.")
@@ -426,7 +442,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     print(f"{command}{' --resume' if resume else ''}  ({jax.device_count()} "
           f"{jax.default_backend()} device(s){staged})", file=sys.stderr)
   if primary and hasattr(experiment, "save_run_files"):  # E.g. the tokenizer a run trained.
-    for _, variant in variants:
+    for _, (variant, *_) in variants:
       experiment.save_run_files(variant, run_dir)
   final = []
   writer = report.MetricsWriter(run_dir, keep=keep) if primary else _NullWriter()
@@ -439,7 +455,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   if not primary:
     return dirs
   reported = tuple(experiment.METRICS) + PERSISTENCE_METRICS
-  members = [{k: r[k] for k in ("task", "scheme", "seed", "hparams", "diverged")} |
+  members = [{k: r[k] for k in ("group", "task", "scheme", "seed", "hparams", "diverged")} |
              {"metrics": {m: r[m] for m in reported if m in r}} for r in final]
   if hasattr(experiment, "history_metrics"):
     members = with_history_metrics(members, run_dir, lambda h: experiment.history_metrics(cfg, h))

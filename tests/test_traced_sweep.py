@@ -1,0 +1,165 @@
+"""A list of values for a traced hyperparameter is a member axis inside each group: one
+program, the same results as each value trained alone, exact resume."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+
+import matplotlib.collections
+import numpy as np
+import pytest
+
+import sweep_fixtures as fx
+from mpx import cli, plotting, report
+from mpx.sweep import config as config_lib
+from mpx.sweep import engine, run
+
+TOY = str(pathlib.Path(__file__).parent / "toy_experiment.py")
+LRS = ["learning_rate=0.01,0.03"]
+
+
+def _records(out):
+  """{(group, scheme, seed, lr, step): record} of a run folder."""
+  return {(r["group"], r["scheme"], r["seed"], r["hparams"]["learning_rate"], r["step"]): r
+          for r in report.read_metrics(out)}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+  """The toy (2 groups of 4 members) at 2 learning rates, and the training programs built:
+  (group, members) per `make_train_chunk` call (one compile each)."""
+  out = tmp_path_factory.mktemp("swept")
+  programs, make = [], engine.make_train_chunk
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(engine, "make_train_chunk", lambda group, steps: (
+        programs.append((group.name, len(group.members))), make(group, steps))[1])
+    assert cli.main(["run", TOY, "--out", str(out), "--set", LRS[0]]) == 0
+  return out, programs
+
+
+def test_sweep_values_parse_lists_and_ranges():
+  assert config_lib.sweep_values("lr", "1e-3, 3e-3") == ["1e-3", "3e-3"]
+  assert config_lib.sweep_values("lr", "logspace(1e-4,1e-2,3)") == ["0.0001", "0.001", "0.01"]
+  assert config_lib.sweep_values("wd", "linspace(0,1,3)") == ["0", "0.5", "1"]
+  for bad, named in [("logspace(0,1,3)", "ends > 0"), ("logspace(1e-4,1e-2)", "COUNT"),
+                     ("linspace(a,1,3)", "numbers"), ("linspace(0,1,1)", "COUNT")]:
+    with pytest.raises(ValueError, match=named):
+      config_lib.sweep_values("lr", bad)
+
+
+def test_traced_lists_are_members_and_static_lists_are_groups():
+  experiment = config_lib.load_experiment("boolean_gotu")
+  _, variants = config_lib.make_configs(experiment, "tiny", [
+      "learning_rate=logspace(1e-3,1e-2,3)", "mask_lr_multiplier=0.5,1", "width=8,16",
+      "seeds=2"])
+  assert [labels for labels, _ in variants] == [{"width": 8}, {"width": 16}]
+  assert config_lib.traced_values(variants) == {
+      "learning_rate": [0.001, 0.00316228, 0.01], "mask_lr_multiplier": [0.5, 1.0]}
+  group, = run._built(experiment, variants[0][1])[0:1]
+  merged = run._merged(group)
+  by_scheme = {s: [m for m in merged.members if m.scheme == s] for s in ("default", "mask")}
+  # The default scheme ignores the mask multiplier (0): its members are not repeated.
+  assert len(by_scheme["default"]) == 3 * 2 and len(by_scheme["mask"]) == 3 * 2 * 2
+  assert len(merged.probe.patterns) == len(merged.members)
+
+
+def test_per_member_rows_follow_their_members():
+  """Each member's own data rows (and probe pattern) go where the member goes."""
+  groups = []
+  for lr in (0.01, 0.03):
+    g = fx.group([fx.member(0, "default", lr=lr), fx.member(1, "mask", lr=lr)],
+                 per_member=True)
+    rows = {k: v + np.arange(2).reshape((2,) + (1,) * (v.ndim - 1)) * (1 + lr)
+            for k, v in g.data.arrays.items()}
+    groups.append(dataclasses.replace(g, data=dataclasses.replace(g.data, arrays=rows)))
+  merged = engine.merge_groups(groups)
+  assert [(m.seed, m.hparams["learning_rate"]) for m in merged.members] == [
+      (0, 0.01), (1, 0.01), (0, 0.03), (1, 0.03)]
+  for k, (g, i) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+    np.testing.assert_array_equal(merged.data.arrays["x"][k], groups[g].data.arrays["x"][i])
+  with pytest.raises(ValueError, match="one group built at several values"):
+    engine.merge_groups([groups[0], dataclasses.replace(groups[1], name="other")])
+
+
+def test_one_program_for_every_value_and_each_value_as_if_alone(swept, tmp_path):
+  out, programs = swept
+  assert programs == [("toy_a", 8), ("toy_b", 8)]        # Not one program per value.
+  assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["toy_a", "toy_b"]
+  summary = json.loads((out / "summary.json").read_text())
+  assert {m["group"] for m in summary["members"]} == {"toy_a", "toy_b"}
+  assert json.loads((out / "config.json").read_text())["traced"] == {
+      "learning_rate": [0.01, 0.03]}
+  records = _records(out)
+  for lr in ("0.01", "0.03"):
+    alone = tmp_path / lr
+    assert cli.main(["run", TOY, "--out", str(alone), "--set", f"learning_rate={lr}"]) == 0
+    for key, record in _records(alone).items():
+      numbers = lambda r: [v for k, v in sorted(r.items()) if isinstance(v, float)]
+      assert sorted(records[key]) == sorted(record)
+      np.testing.assert_allclose(numbers(records[key]), numbers(record), rtol=1e-6, atol=1e-7)
+  assert len(records) == 2 * len(_records(alone))
+
+
+def test_a_swept_run_resumes_exactly_after_sigterm(swept, tmp_path):
+  out, _ = swept
+  experiment = config_lib.load_experiment(TOY)
+  original, calls = experiment.build_groups, []
+
+  def build_groups_with_preemption(cfg):
+    groups = original(cfg)
+    task = groups[0].task
+
+    def summarize_then_sigterm(values, member):
+      calls.append(True)
+      if len(calls) == 8 + 1:    # The merged toy_a: 4 members × 2 values; after step 0.
+        os.kill(os.getpid(), signal.SIGTERM)
+      return task.summarize(values, member)
+
+    groups[0] = dataclasses.replace(
+        groups[0], task=dataclasses.replace(task, summarize=summarize_then_sigterm))
+    return groups
+
+  experiment.build_groups = build_groups_with_preemption
+  resumed = tmp_path / "resumed"
+  with pytest.raises(run.Preempted):
+    run.run_experiment(experiment, out_dir=str(resumed), overrides=LRS)
+  assert (resumed / "checkpoints" / "toy_a" / "4").exists()
+  assert cli.main(["run", TOY, "--out", str(resumed), "--resume", "--set", LRS[0]]) == 0
+  assert (resumed / "metrics.jsonl").read_bytes() == (out / "metrics.jsonl").read_bytes()
+  summary = lambda d: json.loads((d / "summary.json").read_text())
+  assert summary(resumed)["members"] == summary(out)["members"]
+
+
+def test_a_folder_of_an_earlier_meaning_is_not_resumed():
+  """Before, a comma list of learning rates trained one group per value (`sweep`)."""
+  earlier = {"experiment": "toy", "preset": "default", "config": {"learning_rate": 0.01},
+             "sweep": {"learning_rate": [0.01, 0.03]}}
+  now = {"experiment": "toy", "preset": "default", "config": {"learning_rate": 0.01},
+         "traced": {"learning_rate": [0.01, 0.03]}}
+  assert run._config_differences(earlier, now) == ["sweep", "traced"]
+
+
+def test_the_sensitivity_figure_has_a_line_per_scheme_and_a_point_per_seed(swept):
+  out, _ = swept
+  assert (out / "plots" / "sensitivity_learning_rate.png").exists()
+  summary = json.loads((out / "summary.json").read_text())
+  assert plotting.swept_hparams(summary) == ["learning_rate"]
+  colors = plotting.scheme_colors(m["scheme"] for m in summary["members"])
+  fig = plotting.sensitivity_figure(summary, "learning_rate", "mean_output", colors)
+  for ax, task in zip(fig.axes, ("toy",)):
+    mine = [m for m in summary["members"] if m["task"] == task]
+    points = np.concatenate([c.get_offsets() for c in ax.collections
+                             if isinstance(c, matplotlib.collections.PathCollection)])
+    assert len(points) == len(mine)                       # Every seed, every value.
+    np.testing.assert_allclose(sorted(points[:, 1]), sorted(m["metrics"]["mean_output"]
+                                                            for m in mine), rtol=1e-6)
+    assert {line.get_label().split(" (")[0] for line in ax.get_lines()} >= {"mask", "default"}
+
+
+def test_run_help_names_the_traced_fields(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["run", "--help"])
+  text = " ".join(capsys.readouterr().out.split())
+  assert all(name in text for name in config_lib.TRACED) and "logspace(" in text
