@@ -48,6 +48,18 @@ def is_mask_path(path) -> bool:
   return leaf_name(path) == MASK_LEAF
 
 
+def not_masks(params):
+  """True at every leaf but the mask priors: the `mask=` of optax's weight decay.
+
+  Decay pulls every leaf it reaches towards 0, and `M = 0` is σ(M) = 1/2 on every pair:
+  half suppression everywhere, which erases the prior's structure. It does so even to a
+  frozen prior (`learnable_mask=False` only stops the gradient). Pass
+  `optax.adamw(..., mask=mpx.not_masks)` or `optax.add_decayed_weights(wd,
+  mask=mpx.not_masks)`; works on Linen params and NNX state alike.
+  """
+  return jax.tree_util.tree_map_with_path(lambda path, _: not is_mask_path(path), params)
+
+
 IMPLEMENTATIONS = ("reference", "jax", "cudnn")
 
 # mpx's names for the `implementation=` values of `jax.nn.dot_product_attention`.

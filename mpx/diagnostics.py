@@ -204,9 +204,15 @@ def attention_maps_from(intermediates: PyTree) -> dict[str, jax.Array]:
 
 def attention_maps(apply_fn: Callable, params: PyTree, *inputs) -> dict[str, jax.Array]:
   """{layer: attention probabilities [B, H, N, N]} of a Linen model applied to `inputs`:
-  what its attention modules sow (mpx's `MaskedSelfAttention` does)."""
+  what its attention modules sow (mpx's `MaskedSelfAttention` always; Flax's attention and
+  mpx's drop-in when called with `sow_weights=True`)."""
   _, state = apply_fn({"params": params}, *inputs, mutable=["intermediates"])
-  return attention_maps_from(state["intermediates"])
+  maps = attention_maps_from(state.get("intermediates", {}))
+  if not maps:
+    raise ValueError("the model recorded no attention_weights: call its attention modules "
+                     "with sow_weights=True (e.g. apply_fn=functools.partial(model.apply, "
+                     "sow_weights=True) for a model that passes it down).")
+  return maps
 
 
 def prior_fidelity(weights_BHNN: jax.Array, allowed: jax.Array) -> float:

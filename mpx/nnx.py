@@ -24,8 +24,9 @@ from flax import nnx
 from mpx import attention as attention_lib
 from mpx import priors
 from mpx.nn import initializers
+from mpx.nn.mha import _accepts, _bound_bias  # The Linen drop-in's tests of attention_fn.
 
-__all__ = ["FrozenMask", "MaskedSelfAttention", "MultiHeadAttention", "PriorAttention"]
+__all__ = ["FrozenMask", "MaskedSelfAttention", "MultiHeadAttention"]
 
 
 class FrozenMask(nnx.Variable):
@@ -47,6 +48,28 @@ def _token_counts(num_tokens) -> tuple[int, int]:
   return counts
 
 
+# Folded into the mask's key: sets it apart from the key the `params` stream gives next.
+_MASK_KEY_SALT = 0x6D7078  # "mpx"
+
+
+def _mask_key(rngs: nnx.Rngs) -> jax.Array:
+  """A key for `mask_init` that leaves `rngs` as it was: modules built after the attention
+  then get the weights they get after flax's module, so a model with and without a prior
+  can be compared from one seed.
+
+  It is the `params` stream's next key (`fold_in(key, count)`, what `rngs.params()` would
+  return) with `_MASK_KEY_SALT` folded in, read through `RngStream.key` / `.count` (flax
+  0.12) without advancing the count. A flax laid out otherwise gets a fixed key: the
+  built-in initialisers ignore it, but a random `mask_init` then draws one M for all seeds.
+  """
+  stream = rngs.params
+  try:
+    key = jax.random.fold_in(stream.key[...], stream.count[...])
+  except (AttributeError, TypeError):
+    return jax.random.key(_MASK_KEY_SALT)
+  return jax.random.fold_in(key, _MASK_KEY_SALT)
+
+
 def _init_mask(mask_init: Callable, key: jax.Array, shape: tuple[int, ...],
                learnable: bool) -> nnx.Variable:
   """`M` as an `nnx.Param` (learnable) or a `FrozenMask`, float32 whatever `param_dtype`:
@@ -64,30 +87,47 @@ def _mask_value(mask: nnx.Variable) -> jax.Array:
   return jax.lax.stop_gradient(value) if isinstance(mask, FrozenMask) else value
 
 
-# The prior's bias for the attention call in progress: set by `MultiHeadAttention.__call__`
-# around flax's `__call__`, read by `PriorAttention`. A context, not a module attribute,
-# so a call mutates nothing (safe under nnx.jit, nnx.vmap, jax.lax.scan, threads).
-_ACTIVE_BIAS: contextvars.ContextVar[jax.Array | None] = contextvars.ContextVar(
-    "mpx_nnx_prior_bias", default=None)
+@dataclasses.dataclass
+class _Prior:
+  """The prior's bias for one attention call, and whether `PriorAttention` added it."""
+  bias_HQK: jax.Array
+  applied: bool = False
+
+
+# The attention call in progress: set by `MultiHeadAttention.__call__` around flax's
+# `__call__`, read by `PriorAttention`. A context, not a module attribute, so a call
+# mutates no module (safe under nnx.jit, nnx.vmap, jax.lax.scan, threads).
+_ACTIVE_PRIOR: contextvars.ContextVar[_Prior | None] = contextvars.ContextVar(
+    "mpx_nnx_prior", default=None)
 
 
 @dataclasses.dataclass(frozen=True)
 class PriorAttention:
   """An `attention_fn` that adds the calling module's prior bias to the bias it is given.
 
-  `MultiHeadAttention` wraps its `attention_fn` (flax's `dot_product_attention` by default)
-  in this, so the softmax, masking, dropout and `sow_weights` stay that function's. Frozen
-  and compared by value, so equal modules keep equal graph definitions (no recompiles).
+  Internal to `MultiHeadAttention`, which wraps its `attention_fn` (flax's
+  `dot_product_attention` by default) in this, so the softmax, masking, dropout and
+  `sow_weights` stay that function's. Frozen and compared by value, so equal modules keep
+  equal graph definitions (no recompiles).
   """
   attention_fn: Callable
 
-  def __call__(self, query, key, value, bias=None, *args, **kwargs):
-    prior_bias = _ACTIVE_BIAS.get()
-    if prior_bias is None:
+  def __post_init__(self):
+    if not _accepts(self.attention_fn, "bias"):  # Else the prior would be lost or misread.
+      raise ValueError(
+          f"attention_fn {self.attention_fn!r} takes no `bias`, which carries the prior "
+          "log σ(M); give it a `bias` argument as flax.nnx.dot_product_attention has.")
+
+  def __call__(self, query, key, value, bias=None, **kwargs):
+    prior = _ACTIVE_PRIOR.get()
+    if prior is None:
       raise RuntimeError("PriorAttention runs inside mpx.nnx.MultiHeadAttention.__call__; "
                          "call the module, or call its attention_fn.attention_fn directly.")
-    bias = prior_bias if bias is None else bias + prior_bias
-    return self.attention_fn(query, key, value, bias, *args, **kwargs)
+    prior.applied = True
+    bias = _bound_bias(self.attention_fn) if bias is None else bias
+    bias = prior.bias_HQK if bias is None else bias + prior.bias_HQK
+    # By keyword: the fourth parameter of a custom function need not be `bias`.
+    return self.attention_fn(query, key, value, bias=bias, **kwargs)
 
 
 class MultiHeadAttention(nnx.MultiHeadAttention):
@@ -96,22 +136,27 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   Takes every argument of the installed `nnx.MultiHeadAttention` (`num_kv_heads` included
   where flax has it) and keeps its param names, so its checkpoints load (the mask keeps
   its init: `mpx.merge_params`). The default neutral prior computes exactly flax's
-  attention; so do the weights, built from the same `rngs` (the mask draws after them).
+  attention. Built from the same `rngs` it draws flax's weights and leaves `rngs` as
+  flax's module does, so the modules built after it get the same weights too.
 
   Args:
     *args, **kwargs: `nnx.MultiHeadAttention`'s.
     num_tokens: the prior's size, fixed at construction since NNX creates params eagerly:
       N for self-attention over N tokens, `(Nq, Nk)` for Nq queries over Nk keys. Every
       call must match it; in decode mode it is the cache length.
-    mask_init: initializer `(key, shape, dtype)` for `M`: `mpx.priors.neutral_init` or
-      `mpx.priors.as_initializer(prior)`.
+    mask_init: initializer `(key, shape, dtype)` for `M`, e.g.
+      `mpx.priors.as_initializer(prior)`. The default `priors.neutral_init` (M = 200) is
+      exactly flax's attention but has a gradient of exactly 0, so it never moves;
+      `priors.learnable_neutral_init` (M = 0) is the neutral prior that learns.
     learnable_mask: False stores `M` as a `FrozenMask` instead of an `nnx.Param`.
     per_head_mask: `M` is `[num_heads, Nq, Nk]` if True, `[Nq, Nk]` shared by heads if not.
-    rngs: as for flax; the mask's key is drawn from `rngs.params()` after flax's.
+    rngs: as for flax; the mask's key is derived from `rngs.params` without drawing from it
+      (`_mask_key`).
 
-  `attention_fn` (given or flax's default) is wrapped in `PriorAttention`, and in decode
-  mode the prior's row at the cache index is sliced in (traced). With `sow_weights=True`
-  the attention probabilities land where flax puts them: `nnx.Intermediate`
+  `attention_fn` (given or flax's default; it must take `bias`, which carries the prior) is
+  wrapped in `PriorAttention`, and a call that flax made without it raises. In decode mode
+  the prior's row at the cache index is sliced in (traced). With `sow_weights=True` the
+  attention probabilities land where flax puts them: `nnx.Intermediate`
   `attention_weights`.
   """
 
@@ -128,18 +173,24 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
     self.num_tokens = counts
     self.per_head_mask = per_head_mask
     shape = ((self.num_heads,) if per_head_mask else ()) + counts
-    self.mask_logits = _init_mask(mask_init, rngs.params(), shape, learnable_mask)
+    self.mask_logits = _init_mask(mask_init, _mask_key(rngs), shape, learnable_mask)
 
   def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None,
                inputs_v: jax.Array | None = None, **kwargs) -> jax.Array:
     """flax's `__call__` (same arguments) with the prior's bias added to the logits."""
     decode = kwargs.get("decode")
     decode = self.decode if decode is None else decode
-    token = _ACTIVE_BIAS.set(self._prior_bias_HQK(inputs_q, inputs_k, bool(decode)))
+    prior = _Prior(self._prior_bias_HQK(inputs_q, inputs_k, bool(decode)))
+    token = _ACTIVE_PRIOR.set(prior)
     try:
-      return super().__call__(inputs_q, inputs_k, inputs_v, **kwargs)
+      out = super().__call__(inputs_q, inputs_k, inputs_v, **kwargs)
     finally:
-      _ACTIVE_BIAS.reset(token)
+      _ACTIVE_PRIOR.reset(token)
+    if not prior.applied:  # As the Linen drop-in: never a silent loss of the prior.
+      raise RuntimeError(
+          "flax.nnx.MultiHeadAttention did not call this module's attention_fn, so the mask "
+          "prior was not applied; pass a custom attention_fn at construction, not later.")
+    return out
 
   def _prior_bias_HQK(self, inputs_q, inputs_k, decode: bool) -> jax.Array:
     """`log σ(M)` as `[H or 1, Nq, Nk]`; in decode, the row of the current cache index."""
@@ -177,7 +228,8 @@ class MaskedSelfAttention(nnx.Module):
     num_tokens: N, the tokens the prior covers (CLS included); needed with `use_mask`.
     head_dim: R; default D // H.
     The rest: as in Linen (`mpx.nn.MaskedSelfAttention`); `learnable_mask=False` stores
-    `M` as a `FrozenMask`.
+    `M` as a `FrozenMask`. The mask's key does not advance `rngs` (`_mask_key`), so
+    `use_mask=False` builds the same other weights from the same seed.
 
   `__call__(x_BND, padding_mask_BN=None, *, sow_weights=False)`; `sow_weights=True`
   records the probabilities `[B, H, N, N]` as `nnx.Intermediate` `attention_weights`.
@@ -211,7 +263,7 @@ class MaskedSelfAttention(nnx.Module):
     self.key = dense(in_features, heads, -1, qkv_bias, in_features)
     self.value = dense(in_features, heads, -1, qkv_bias, in_features)
     shape = ((num_heads,) if per_head_mask else ()) + (num_tokens, num_tokens)
-    self.mask_logits = (_init_mask(mask_init, rngs.params(), shape, learnable_mask)
+    self.mask_logits = (_init_mask(mask_init, _mask_key(rngs), shape, learnable_mask)
                         if use_mask else None)
     self.out = dense(heads, out_features or in_features, (-2, -1), out_bias,
                      num_heads * head_dim)

@@ -1,5 +1,7 @@
 """Persistence diagnostics: drift, fidelity, gradient norms, steps-to-half."""
 
+import functools
+
 import chex
 import flax
 import jax
@@ -268,3 +270,13 @@ def test_a_mask_starting_at_zero_reports_its_rms_change_not_a_relative_drift():
   assert diagnostics.mask_rms_change(params, params)["block_0"] == 0.0
   neutral = _model(None).init(jax.random.key(5), _tokens())["params"]  # Nothing can move.
   assert diagnostics.mask_rms_change(neutral, neutral)["block_0"] is None
+
+
+def test_attention_maps_of_a_model_that_records_none_names_sow_weights():
+  model = nn.MultiHeadDotProductAttention(num_heads=2)
+  x = jnp.ones((1, 3, 4))
+  params = model.init(jax.random.key(0), x)["params"]
+  with pytest.raises(ValueError, match="sow_weights=True"):
+    diagnostics.attention_maps(model.apply, params, x)
+  maps = diagnostics.attention_maps(functools.partial(model.apply, sow_weights=True), params, x)
+  assert [m.shape for m in maps.values()] == [(1, 2, 3, 3)]

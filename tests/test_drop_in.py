@@ -14,7 +14,6 @@ import mpx
 import mpx.nn
 import mpx.nnx
 from mpx import priors
-from mpx.attention import is_mask_path
 
 B, N, D, H = 4, 6, 16, 2
 NEAR_NN = np.abs(np.arange(N)[:, None] - np.arange(N)[None, :]) <= 1
@@ -28,9 +27,7 @@ def _data():
 
 def _tx():
   """AdamW with the mask exempt from decay, as a user writes it with plain optax."""
-  no_mask = lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, _: not is_mask_path(path), params)
-  return optax.adamw(3e-2, weight_decay=1e-2, mask=no_mask)
+  return optax.adamw(3e-2, weight_decay=1e-2, mask=mpx.not_masks)
 
 
 def _save_and_restore(tmp_path, tree):

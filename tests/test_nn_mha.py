@@ -12,6 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
 from flax import linen as nn
@@ -100,6 +101,18 @@ def test_bfloat16_matches_flax_to_bf16_rounding():
   np.testing.assert_allclose(np.float32(out), np.float32(expected), atol=3e-2, rtol=3e-2)
 
 
+def test_bfloat16_keeps_a_non_neutral_prior():
+  """bf16 against the same prior in float32, at bf16 rounding; dropping the prior would
+  move the output by far more than that."""
+  flax_mha, drop_in = _pair(_prior((H, N, N)), dtype=jnp.bfloat16)
+  flax_params, params = _both_params(flax_mha, drop_in, _x(1))
+  out = np.float32(drop_in.apply({"params": params}, _x(1)))
+  expected = drop_in.clone(dtype=jnp.float32).apply({"params": params}, _x(1))
+  np.testing.assert_allclose(out, expected, atol=3e-2, rtol=3e-2)
+  without_prior = np.float32(flax_mha.apply({"params": flax_params}, _x(1)))
+  assert np.abs(without_prior - expected).max() > 0.2
+
+
 def _reference(params, x_q, x_k, mask_logits):
   """`softmax(q·kᵀ/√d + log σ(M)) v`, projected, in float64 numpy."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
@@ -180,35 +193,64 @@ def test_mask_gradient_flows_unless_frozen(learnable):
 
 
 class _TwoLayers(nn.Module):
-  """A Linen model where the swap happened: Flax's own module names, one prior each."""
+  """A Linen model where the swap happened: Flax's own module names, one prior each, and
+  `sow_weights` passed down as a Flax model passes it."""
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, sow_weights=False):
     x = x + MultiHeadDotProductAttention(num_heads=H, mask_init=priors.as_initializer(
-        _prior((H, N, N))), name="attention_0")(x)
-    return x + MultiHeadDotProductAttention(num_heads=H, name="attention_1")(x)
+        _prior((H, N, N))), name="attention_0")(x, sow_weights=sow_weights)
+    return x + MultiHeadDotProductAttention(num_heads=H, name="attention_1")(
+        x, sow_weights=sow_weights)
 
 
-def test_attention_weights_recorded_where_flax_records_them():
+def test_attention_weights_recorded_where_and_when_flax_records_them():
   flax_mha, drop_in = _pair(_prior((H, N, N)))
   x = _x(1)
   flax_params, params = _both_params(flax_mha, drop_in, x)
-  _, flax_state = flax_mha.apply({"params": flax_params}, x, sow_weights=True,
-                                 mutable=["intermediates"])
-  for sow_weights in (True, False):  # A mutable `intermediates` is enough.
+  for sow_weights in (True, False):  # A mutable `intermediates` alone records nothing.
+    _, flax_state = flax_mha.apply({"params": flax_params}, x, sow_weights=sow_weights,
+                                   mutable=["intermediates"])
     _, state = drop_in.apply({"params": params}, x, sow_weights=sow_weights,
                              mutable=["intermediates"])
     assert jax.tree.structure(state) == jax.tree.structure(flax_state)
+    assert bool(jax.tree.leaves(state)) == sow_weights
+  _, state = drop_in.apply({"params": params}, x, sow_weights=True,
+                           mutable=["intermediates"])
   (weights_BHQK,) = state["intermediates"]["attention_weights"]
   np.testing.assert_allclose(weights_BHQK.sum(-1), 1.0, atol=1e-6)
   np.testing.assert_allclose(weights_BHQK, mpx.attention_weights(
       *(jnp.einsum("bnd,dhr->bnhr", x, params[n]["kernel"]) + params[n]["bias"]
         for n in ("query", "key")), params["mask_logits"]), atol=1e-5)
   model = _TwoLayers()
-  maps = diagnostics.attention_maps(model.apply, model.init(jax.random.key(0), x)["params"],
-                                    x)
+  model_params = model.init(jax.random.key(0), x)["params"]
+  assert not jax.tree.leaves(model.apply({"params": model_params}, x,
+                                         mutable=["intermediates"])[1])
+  maps = diagnostics.attention_maps(functools.partial(model.apply, sow_weights=True),
+                                    model_params, x)
   assert sorted(maps) == ["attention_0", "attention_1"]
   assert maps["attention_0"].shape == (B, H, N, N)
+
+
+def test_not_masks_keeps_a_frozen_prior_out_of_weight_decay():
+  """Why `mpx.not_masks` exists: `learnable_mask=False` stops the gradient, but adamw's
+  decay still pulls the prior towards M = 0 unless its mask exempts it."""
+  prior = jnp.where(jax.random.bernoulli(jax.random.key(8), 0.5, (H, N, N)), 4.0, -4.0)
+  _, drop_in = _pair(prior, learnable_mask=False)
+  x = _x(1)
+  params = drop_in.init(jax.random.key(0), x)["params"]
+  loss_fn = lambda p: jnp.sum(drop_in.apply({"params": p}, x) ** 2)
+  for mask in (mpx.not_masks, None):
+    tx = optax.adamw(1e-2, weight_decay=0.1, mask=mask)
+    trained, opt_state = params, tx.init(params)
+    for _ in range(3):
+      updates, opt_state = tx.update(jax.grad(loss_fn)(trained), opt_state, trained)
+      trained = optax.apply_updates(trained, updates)
+    assert not np.allclose(trained["query"]["kernel"], params["query"]["kernel"])
+    if mask is None:
+      assert np.abs(trained["mask_logits"] - prior).max() > 1e-3
+    else:
+      np.testing.assert_array_equal(trained["mask_logits"], prior)
 
 
 def test_errors_name_the_fix(monkeypatch):
@@ -230,6 +272,27 @@ def test_errors_name_the_fix(monkeypatch):
   monkeypatch.setattr(mha, "_with_prior", lambda attention_fn, bias, calls: attention_fn)
   with pytest.raises(RuntimeError, match="did not call its attention_fn"):
     drop_in.init(jax.random.key(0), _x(1))
+
+
+def test_inputs_kv_reaches_flax_only_when_given(monkeypatch):
+  """Flax deprecates `inputs_kv`: a Flax whose call lacks it must still work."""
+  _, drop_in = _pair()
+  q, kv = _x(1), _x(2, NK)
+  params = drop_in.init(jax.random.key(0), q, kv)["params"]
+  with pytest.warns(DeprecationWarning):  # Flax's own warning: the argument still works.
+    np.testing.assert_array_equal(drop_in.apply({"params": params}, q, inputs_kv=kv),
+                                  drop_in.apply({"params": params}, q, kv))
+
+  class FlaxWithoutInputsKv(nn.MultiHeadDotProductAttention):
+    def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
+                 deterministic=None, dropout_rng=None, sow_weights=False):
+      return super().__call__(inputs_q, inputs_k, inputs_v, mask=mask,
+                              deterministic=deterministic, dropout_rng=dropout_rng,
+                              sow_weights=sow_weights)
+
+  expected = drop_in.apply({"params": params}, q, kv)
+  monkeypatch.setattr(nn, "MultiHeadDotProductAttention", FlaxWithoutInputsKv)
+  np.testing.assert_array_equal(drop_in.apply({"params": params}, q, kv), expected)
 
 
 def test_is_a_flax_module_with_every_flax_argument():

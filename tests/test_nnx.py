@@ -1,6 +1,7 @@
 """Flax NNX: the drop-in `mpx.nnx.MultiHeadAttention` computes flax's attention plus the
 prior, and the NNX `MaskedSelfAttention` is the Linen module with transplanted weights."""
 
+import functools
 import inspect
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def _prior(seed, shape):
 
 def _pair(num_tokens=N, **kwargs):
   """flax's module and the drop-in with the neutral prior, built from the same seed (so the
-  same weights: the drop-in draws its mask after flax's params)."""
+  same weights: the drop-in's mask draws nothing from `rngs`)."""
   args = dict(num_heads=H, in_features=F, decode=False) | kwargs
   return (nnx.MultiHeadAttention(**args, rngs=nnx.Rngs(0)),
           mpx.nnx.MultiHeadAttention(**args, num_tokens=num_tokens, rngs=nnx.Rngs(0)))
@@ -77,6 +78,60 @@ def test_grouped_query_drop_in_is_flax():
   chex.assert_shape(ours.key.kernel[...], (F, 2, 2))
   chex.assert_shape(ours.mask_logits[...], (4, N, N))  # One prior per *query* head.
   np.testing.assert_array_equal(ours(_x(1)), flax_mha(_x(1)))
+
+
+@pytest.mark.skipif(not HAS_GQA, reason="this flax has no num_kv_heads")
+def test_grouped_query_prior_is_per_query_head():
+  """Query head h reads kv head h // (H / Hkv) under its own row of the prior: the reference
+  repeats k and v per group, and a prior given to the wrong heads would not match it."""
+  prior = _prior(9, (4, N, N))
+  model = mpx.nnx.MultiHeadAttention(4, F, num_kv_heads=2, decode=False, num_tokens=N,
+                                     mask_init=priors.as_initializer(prior),
+                                     rngs=nnx.Rngs(0))
+  x = _x(1)
+  q = model.query(x)
+  k, v = (jnp.repeat(proj(x), 2, axis=-2) for proj in (model.key, model.value))
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  probs = jax.nn.softmax(logits + jax.nn.log_sigmoid(prior), axis=-1)
+  expected = model.out(jnp.einsum("bhqk,bkhd->bqhd", probs, v))
+  chex.assert_trees_all_close(model(x), expected, atol=1e-6)
+
+
+def test_bfloat16_keeps_a_non_neutral_prior():
+  """bf16 against the same prior in float32, at bf16 rounding; dropping the prior would
+  move the output by far more than that."""
+  prior = _prior(10, (H, N, N))
+  build = lambda dtype, **kw: mpx.nnx.MultiHeadAttention(
+      H, F, decode=False, num_tokens=N, dtype=dtype, rngs=nnx.Rngs(0), **kw)
+  ours = build(jnp.bfloat16, mask_init=priors.as_initializer(prior))
+  expected = build(jnp.float32, mask_init=priors.as_initializer(prior))(_x(1))
+  out = ours(_x(1))
+  assert out.dtype == jnp.bfloat16 and ours.mask_logits[...].dtype == jnp.float32
+  np.testing.assert_allclose(np.float32(out), expected, atol=3e-2, rtol=3e-2)
+  assert np.abs(build(jnp.float32)(_x(1)) - expected).max() > 0.2  # The neutral prior.
+
+
+def test_rngs_stream_is_left_as_flax_leaves_it():
+  """Modules built after the attention get the same weights with or without the prior, so
+  a model with a prior and one without can be compared from one seed."""
+  def linear_after(attention, **kwargs):
+    rngs = nnx.Rngs(0)
+    attention(num_heads=H, in_features=F, decode=False, rngs=rngs, **kwargs)
+    return nnx.Linear(F, 3, rngs=rngs).kernel[...]
+
+  np.testing.assert_array_equal(
+      linear_after(mpx.nnx.MultiHeadAttention, num_tokens=N,
+                   mask_init=priors.as_initializer(_prior(0, (H, N, N)))),
+      linear_after(nnx.MultiHeadAttention))
+  twin = lambda use_mask: mpx.nnx.MaskedSelfAttention(H, F, num_tokens=N, use_mask=use_mask,
+                                                      rngs=nnx.Rngs(0))
+  np.testing.assert_array_equal(twin(True).out.kernel[...], twin(False).out.kernel[...])
+  # A random mask_init still gets a key of the seed's own.
+  noise = lambda key, shape, dtype: jax.random.normal(key, shape, dtype)
+  masks = [mpx.nnx.MultiHeadAttention(H, F, num_tokens=N, mask_init=noise,
+                                      rngs=nnx.Rngs(seed)).mask_logits[...]
+           for seed in (0, 1)]
+  assert not np.allclose(*masks)
 
 
 def _call_sowing(model, *args, **kwargs):
@@ -140,6 +195,36 @@ def test_wrong_token_counts_name_the_argument():
                                mask_init=priors.as_initializer(_prior(0, (N, N))))
 
 
+def _swapped_arguments(query, key, value, mask=None, bias=None, **kwargs):
+  """flax's attention with `mask` before `bias`: a prior passed positionally lands in `mask`."""
+  return nnx.dot_product_attention(query, key, value, bias=bias, mask=mask, **kwargs)
+
+
+def test_attention_fn_gets_the_prior_as_bias_or_the_call_raises():
+  prior = _prior(11, (H, N, N))
+  x = _x(1)
+  build = lambda **kw: mpx.nnx.MultiHeadAttention(
+      H, F, decode=False, num_tokens=N, mask_init=priors.as_initializer(prior),
+      rngs=nnx.Rngs(0), **kw)
+  swapped = build(attention_fn=_swapped_arguments)
+  _, weights = _call_sowing(swapped, x)
+  chex.assert_trees_all_close(weights, _reference_probs(swapped, x, prior), atol=1e-6)
+  # A bias bound into the function adds to the prior instead of being replaced by it.
+  extra = -jnp.arange(N, dtype=jnp.float32)
+  bound = build(attention_fn=functools.partial(nnx.dot_product_attention, bias=extra))
+  _, weights = _call_sowing(bound, x)
+  chex.assert_trees_all_close(weights, jax.nn.softmax(
+      jnp.log(_reference_probs(bound, x, prior)) + extra, axis=-1), atol=1e-5)
+
+  with pytest.raises(ValueError, match="give it a `bias` argument"):
+    build(attention_fn=lambda query, key, value, *args: value)
+  bypassed = build()
+  bypassed.attention_fn = nnx.dot_product_attention  # flax never calls the wrapper now.
+  with pytest.raises(RuntimeError, match="prior was not applied"):
+    bypassed(x)
+  assert "PriorAttention" not in mpx.nnx.__all__ and mpx.nnx.PriorAttention
+
+
 def test_frozen_mask_is_not_updated_by_the_param_optimizer():
   prior = _prior(5, (H, N, N))
   x = _x(1)
@@ -161,9 +246,10 @@ def test_mask_is_exempt_from_weight_decay_in_nnx_state():
   """adamw with zero gradients: only the decay moves the params. It must shrink every
   kernel and leave `mask_logits` alone, although NNX paths end at `.value`."""
   prior = _prior(6, (H, N, N))
-  model = mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N,
-                                     mask_init=priors.as_initializer(prior),
-                                     rngs=nnx.Rngs(0))
+  build = lambda: mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N,
+                                             mask_init=priors.as_initializer(prior),
+                                             rngs=nnx.Rngs(0))
+  model = build()
   tx = make_optimizer(OptimConfig(optimizer="adamw"), {
       "learning_rate": 0.1, "weight_decay": 0.5, "mask_lr_multiplier": 1.0})
   params = nnx.state(model, nnx.Param)
@@ -174,11 +260,14 @@ def test_mask_is_exempt_from_weight_decay_in_nnx_state():
   for name in ("query", "key", "value", "out"):
     assert np.abs(new[name]["kernel"]).sum() < np.abs(old[name]["kernel"]).sum(), name
   np.testing.assert_array_equal(new["mask_logits"], prior)
-  # The same through nnx.Optimizer, which hands optax the arrays without `.value`.
-  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-  optimizer.update(model, zeros)
-  np.testing.assert_array_equal(model.mask_logits[...], prior)
-  assert not np.allclose(model.out.kernel[...], old["out"]["kernel"])
+  # The same through nnx.Optimizer, which hands optax the arrays without `.value`, and
+  # with plain optax given `mpx.not_masks`.
+  for tx in (tx, optax.adamw(0.1, weight_decay=0.5, mask=mpx.not_masks)):
+    model = build()
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    optimizer.update(model, zeros)
+    np.testing.assert_array_equal(model.mask_logits[...], prior)
+    assert not np.allclose(model.out.kernel[...], old["out"]["kernel"])
 
 
 def test_flax_checkpoint_loads_into_the_drop_in(tmp_path):

@@ -38,16 +38,21 @@ def _accepts(fn: Callable, name: str) -> bool:
   return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def _bound_bias(fn: Callable) -> Array | None:
+  """The default of `fn`'s `bias` (`functools.partial(fn, bias=b)` binds one), or None: a
+  prior passed as `bias=` would otherwise replace it."""
+  bound = inspect.signature(fn).parameters.get("bias")
+  return None if bound is None or bound.default is bound.empty else bound.default
+
+
 def _with_prior(attention_fn: Callable, bias_HQK: Array, calls: list) -> Callable:
   """`attention_fn` with `log σ(M)` (float32) added to whatever bias it receives.
 
-  That includes a bias bound as its default (`functools.partial(fn, bias=b)`), which the
-  prior's keyword would otherwise replace. `functools.wraps` keeps `attention_fn`'s
-  signature visible, so Flax passes it the keyword arguments it would pass it unwrapped.
-  Each call is appended to `calls`.
+  That includes a bias bound as its default (`_bound_bias`). `functools.wraps` keeps
+  `attention_fn`'s signature visible, so Flax passes it the keyword arguments it would pass
+  it unwrapped. Each call is appended to `calls`.
   """
-  bound = inspect.signature(attention_fn).parameters.get("bias")
-  bound = None if bound is None or bound.default is bound.empty else bound.default
+  bound = _bound_bias(attention_fn)
 
   @functools.wraps(attention_fn)
   def attend(query, key, value, bias=bound, **kwargs):
@@ -70,11 +75,12 @@ def _flax_fields(module: nn.MultiHeadDotProductAttention) -> dict[str, Any]:
 class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
   """`flax.linen.MultiHeadDotProductAttention` with logits `q·kᵀ/√d + log σ(M)`.
 
-  Swap it in for Flax's module to give an existing model a learnable mask prior: every
+  Swap it in for Flax's module to give an existing model a mask prior: every
   argument of Flax's module works, the params keep their names (`query`, `key`,
   `value`, `out`, and `query_ln` / `key_ln` with `normalize_qk`) and gain `mask_logits`
   at the module's top level, so `mpx.merge_params` loads checkpoints of the Flax model.
-  With the default neutral prior (`log σ(200) = 0`) it computes Flax's attention.
+  With the default neutral prior (`log σ(200) = 0`) it computes Flax's attention, and
+  never learns (see `mask_init`).
 
   The prior is positional: `M` is shaped from the inputs at init, `[H, Nq, Nk]` (or
   `[Nq, Nk]`), and later calls must use the same lengths. With `decode=True`, init with
@@ -82,17 +88,19 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
   prior's row at the cache index.
 
   Attributes (besides all of Flax's):
-    mask_init: Flax initializer of `M`, e.g. `mpx.priors.as_initializer(prior)`; the
-      default neutral prior gives exactly Flax's attention logits. `M` is float32 whatever
-      `param_dtype` is: a bf16 `M` would round the prior.
-    learnable_mask: False freezes `M` (its gradient is stopped).
+    mask_init: Flax initializer of `M`, e.g. `mpx.priors.as_initializer(prior)`. The
+      default `priors.neutral_init` (M = 200) gives exactly Flax's attention logits but a
+      gradient of exactly 0, so it never moves; `priors.learnable_neutral_init` (M = 0) is
+      the neutral prior that learns. `M` is float32 whatever `param_dtype` is: a bf16 `M`
+      would round the prior.
+    learnable_mask: False freezes `M` (its gradient is stopped). Weight decay still reaches
+      it: give the optimizer's decay `mask=mpx.not_masks`.
     per_head_mask: `[H, Nq, Nk]`, one prior per head, if True; one `[Nq, Nk]` shared by
       the heads if False.
 
-  The attention probabilities are recorded as `intermediates/.../attention_weights` (where
-  Flax's `sow_weights=True` puts them) when `sow_weights=True` or when applied with
-  `mutable=["intermediates"]`, the latter only if `attention_fn` takes `module=`, as
-  Flax's `dot_product_attention` does.
+  As in Flax, the attention probabilities are recorded, as `intermediates/.../
+  attention_weights`, only when called with `sow_weights=True` (and applied with a mutable
+  `intermediates`): a model passes it down for `mpx.diagnostics.attention_maps`.
   """
   mask_init: Callable = priors.neutral_init
   learnable_mask: bool = True
@@ -117,9 +125,9 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     fields["attention_fn"] = _with_prior(self.attention_fn, bias_HQK, calls)
     flax_attention = nn.MultiHeadDotProductAttention(**fields)
     nn.share_scope(self, flax_attention)  # Its params are ours: Flax's names, our path.
-    sow_weights = sow_weights or (self.is_mutable_collection("intermediates")
-                                  and _accepts(self.attention_fn, "module"))
-    out = flax_attention(inputs_q, inputs_k, inputs_v, inputs_kv=inputs_kv, mask=mask,
+    if inputs_kv is not None:  # Only then: Flax deprecates it, a later one may drop it.
+      flax_kwargs["inputs_kv"] = inputs_kv
+    out = flax_attention(inputs_q, inputs_k, inputs_v, mask=mask,
                          deterministic=deterministic, dropout_rng=dropout_rng,
                          sow_weights=sow_weights, **flax_kwargs)
     if not calls:
