@@ -32,8 +32,8 @@ file is the experiment's record.
 
 from __future__ import annotations
 
-from mpx.tasks.boolean_gotu import (Config, SEARCH_DESIGNS, fingerprint,  # noqa: F401
-                                    make_group, members)
+from mpx.tasks.boolean_gotu import (SELECTION_NOTE, VALIDATION, Config,  # noqa: F401
+                                    SEARCH_DESIGNS, fingerprint, make_group, members)
 
 NAME = "boolean_gotu"  # `mpx run boolean_gotu`; also when imported as mpx.experiments.boolean_gotu.
 

@@ -93,10 +93,10 @@ def _run_command(args) -> int:
   from mpx.sweep import run as run_lib
   experiment = config_lib.load_experiment(args.experiment)
   from mpx.sweep import run_folder
+  overrides = [*(args.set or ()), *([f"select={args.select}"] if args.select else [])]
   try:
-    summary = run_lib.run_experiment(experiment, preset=args.preset,
-                                     overrides=args.set or (), out_dir=args.out,
-                                     resume=args.resume)
+    summary = run_lib.run_experiment(experiment, preset=args.preset, overrides=overrides,
+                                     out_dir=args.out, resume=args.resume)
   except run_lib.Preempted as e:
     print(f"mpx run: {e} Continue with the same command and --resume.", file=sys.stderr)
     return run_lib.PREEMPTED_EXIT_CODE
@@ -210,6 +210,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "for learning_rate, weight_decay and mask_lr_multiplier (traced "
                         "values) the values are members of each group, one program; for "
                         "any other field, one group per value")
+  run.add_argument("--select", metavar="HPARAM",
+                   help="choose each scheme's HPARAM (a traced field given a list) on the "
+                        "family's validation split and report the run at that value; the "
+                        "same as --set select=HPARAM")
   run.add_argument("--out", help="run directory (default: runs/FILE-PRESET, FILE the "
                                  "experiment's file name)")
   run.add_argument("--resume", action="store_true",

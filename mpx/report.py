@@ -468,19 +468,22 @@ def write_summary(run_dir: str | os.PathLike, *, experiment: str, preset: str,
                   members: Sequence[Mapping[str, Any]],
                   paper: Mapping[str, Mapping[str, Mapping[str, float]]],
                   metric_names: Sequence[str],
-                  extra_tables: Mapping[str, str] | None = None) -> dict:
+                  extra_tables: Mapping[str, str] | None = None,
+                  extra_json: Mapping[str, Any] | None = None) -> dict:
   """Writes RUN_DIR/summary.json and RUN_DIR/summary.md (each atomically); returns the dict.
 
   summary.json holds exactly {"experiment", "preset", "members", "paper"}: the per-seed
   final numbers and the paper's, from which any table can be recomputed. `paper` is
   `{task: {scheme: {metric: value}}}`, accuracies as fractions. `extra_tables` maps a
-  heading to a ready Markdown table appended to summary.md. summary.md links
+  heading to a ready Markdown table appended to summary.md; `extra_json` adds keys to
+  summary.json (e.g. "selection"). summary.md links
   plots/overview.png right below its heading.
   """
   run_dir = os.fspath(run_dir)
   os.makedirs(run_dir, exist_ok=True)
   summary = to_jsonable({"experiment": experiment, "preset": preset,
-                         "members": list(members), "paper": dict(paper)})
+                         "members": list(members), "paper": dict(paper)}
+                        | dict(extra_json or {}))
   rows = summarize(members, metric_names)
   n_diverged = sum(bool(m["diverged"]) for m in members)
   parts = [f"# {experiment} (preset {preset})\n",

@@ -31,18 +31,25 @@ class SweepConfig:
     checkpoint_every: steps between checkpoints, a multiple of chunk_steps; 0 = only at
       the end of each group (a SIGTERM still saves first).
     keep_checkpoints: how many checkpoints to keep per group.
+    select: a traced hyperparameter (`TRACED`) swept with a list: each scheme's value of it
+      is chosen on the family's validation split (`mpx.sweep.select`), which the family
+      holds out of training only then; None trains and reports every value as it is.
   """
   seeds: int = 2
   chunk_steps: int = 50
   eval_every: int = 0
   checkpoint_every: int = 0
   keep_checkpoints: int = 2
+  select: str | None = None
 
   def __post_init__(self):
     if self.seeds < 1:
       raise ValueError(f"seeds must be >= 1; got {self.seeds}.")
     if self.chunk_steps < 1:
       raise ValueError(f"chunk_steps must be >= 1; got {self.chunk_steps}.")
+    if self.select is not None and self.select not in TRACED:
+      raise ValueError(f"select={self.select!r}: choose one of the traced hyperparameters "
+                       f"{TRACED} and give it a list of values.")
     for name in ("eval_every", "checkpoint_every"):
       value = getattr(self, name)
       if value < 0 or value % self.chunk_steps:

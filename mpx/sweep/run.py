@@ -28,6 +28,7 @@ from mpx.sweep import engine
 from mpx.sweep import evaluate as evaluate_lib
 from mpx.sweep import memory
 from mpx.sweep import run_folder
+from mpx.sweep import select as select_lib
 
 PREEMPTED_EXIT_CODE = 143
 
@@ -364,6 +365,15 @@ def labelled(group: engine.Group, labels: dict) -> engine.Group:
   return dataclasses.replace(group, name=f"{group.name}-{suffix}", members=members)
 
 
+def _check_selection(experiment: types.ModuleType, hparam: str, traced: dict) -> None:
+  if not hasattr(experiment, "VALIDATION"):
+    raise ValueError(f"select={hparam}: {experiment.NAME} has no validation split to choose "
+                     "on (its file declares no VALIDATION); run the sweep without select.")
+  if len(traced.get(hparam, ())) < 2:
+    raise ValueError(f"select={hparam} needs a list of values to choose from, e.g. --set "
+                     f"{hparam}=logspace(1e-4,1e-2,4).")
+
+
 def _built(experiment: types.ModuleType, configs) -> list[list[engine.Group]]:
   """The experiment's groups, once per traced value: [[group at each value], ...]."""
   per_config = [experiment.build_groups(c) for c in configs]
@@ -411,6 +421,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     saved_config[FINGERPRINT] = experiment.fingerprint(cfg)
   saved_config[INFORMATIONAL] = {"command": command,
                                  "experiment_file": getattr(experiment, "__file__", None)}
+  if cfg.select is not None:
+    _check_selection(experiment, cfg.select, traced)
   # Built before anything is written: a config the family refuses leaves no folder.
   groups = [labelled(_merged(built), labels) for labels, configs in variants
             for built in _built(experiment, configs)]
@@ -455,6 +467,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   if not primary:
     return dirs
   reported = tuple(experiment.METRICS) + PERSISTENCE_METRICS
+  if cfg.select is not None:
+    reported += tuple(name for name, _ in experiment.VALIDATION)
   members = [{k: r[k] for k in ("group", "task", "scheme", "seed", "hparams", "diverged")} |
              {"metrics": {m: r[m] for m in reported if m in r}} for r in final]
   if hasattr(experiment, "history_metrics"):
@@ -462,13 +476,23 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   extra = {}
   if persistence := persistence_table(run_dir, members):
     extra["Persistence of the prior"] = persistence
+  selection = {}
+  if cfg.select is not None:  # Each scheme at its value chosen on validation.
+    table, rows = select_lib.selection_table(members, cfg.select, experiment.VALIDATION,
+                                             experiment.METRICS)
+    note = getattr(experiment, "SELECTION_NOTE", "")
+    extra[f"Each scheme at its {cfg.select} chosen on validation"] = (
+        f"Chosen by {', then '.join(f'{d} {n}' for n, d in experiment.VALIDATION)} (mean "
+        f"over seeds; a diverged seed makes a value the worst); the other columns are this "
+        f"run's members at that value, not retrained. {note}\n\n{table}")
+    selection = {"selection": {"hparam": cfg.select, "rows": rows}}
   if FINGERPRINT in saved_config:  # What the run trained on (config.json holds it too).
     extra["Data (fingerprint, compared on --resume)"] = (
         "```json\n" + json.dumps(saved_config[FINGERPRINT], indent=1) + "\n```")
   summary = report.write_summary(
       run_dir, experiment=experiment.NAME, preset=preset, members=members,
       paper=experiment.PAPER, metric_names=list(experiment.METRICS),
-      extra_tables=extra or None)
+      extra_tables=extra or None, extra_json=selection)
   push()
   print((run_dir / "summary.md").read_text())
   return dict(summary, **dirs)

@@ -319,6 +319,42 @@ def member_patterns(config: Config, task: str, label: str, design: str | None
           for i, p in enumerate(layers)}
 
 
+# With `select`: the share of the seen domain held out of training as the validation set
+# (fixed before any unseen accuracy was looked at), drawn once per task, not per seed.
+VALIDATION_FRACTION = 0.1
+# Selection reads these, best first: the seen-domain held-out sign accuracy (near 100% for
+# most learning rates), then its squared loss to break the ties.
+VALIDATION = (("val_accuracy", "max"), ("val_loss", "min"))
+SELECTION_NOTE = ("Validation is a held-out slice of the seen domain: choosing on it says "
+                  "nothing about extrapolation to the unseen domain, which the task "
+                  "withholds by design.")
+
+
+def validation_points(spec: boolean.BooleanTask) -> np.ndarray:
+  """[2^n] bool over the cube: the held-out seen points (`VALIDATION_FRACTION` of them)."""
+  seen = np.asarray(spec.seen(boolean.cube(spec.n_bits)), bool)
+  rng = np.random.default_rng(20261202)
+  picked = rng.choice(np.flatnonzero(seen), int(VALIDATION_FRACTION * seen.sum()),
+                      replace=False)
+  held_out = np.zeros_like(seen)
+  held_out[picked] = True
+  return held_out
+
+
+def training_split(spec: boolean.BooleanTask, seed: int, held_out: np.ndarray | None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """The task's training set (`boolean.make_splits`), drawn from the seen points that are
+  not `held_out`: every one in cube order (enumerate) or `train_size` draws (iid)."""
+  if held_out is None:
+    return boolean.make_splits(spec, seed)["train"]
+  x, y = boolean.make_splits(spec, seed)["test"]
+  pool = np.asarray(spec.seen(x), bool) & ~held_out
+  if spec.protocol == "iid":
+    idx = np.random.default_rng(seed).choice(np.flatnonzero(pool), spec.train_size)
+    return x[idx], y[idx]
+  return x[pool], y[pool]
+
+
 def make_task(config: Config, task_name: str) -> engine.Task:
   """The member-level Task: init by scheme (mask designs per layer, QK schemes from the
   task's prior), squared loss on the CLS output, the whole cube as evaluation set."""
@@ -329,6 +365,8 @@ def make_task(config: Config, task_name: str) -> engine.Task:
   mdi = boolean.mdi_values(spec)
   unseen = ~spec.seen(boolean.cube(spec.n_bits))
   monomials = boolean.task_monomials(spec)
+  held_out = validation_points(spec) if config.select is not None else None
+  target = boolean.make_splits(spec, 0)["test"][1]
 
   def init(member: engine.Member):
     key = jax.random.key(member.seed)
@@ -359,6 +397,9 @@ def make_task(config: Config, task_name: str) -> engine.Task:
     pred = np.asarray(values["pred"], np.float64)
     metrics = boolean.function_metrics(pred, spec, mdi)
     metrics["unseen_mean_output"] = float(pred[unseen].mean())
+    if held_out is not None:  # Trained without these seen points: selection reads them.
+      metrics["val_accuracy"] = float(np.mean(np.sign(pred[held_out]) == target[held_out]))
+      metrics["val_loss"] = float(np.mean((pred[held_out] - target[held_out]) ** 2))
     coeffs = boolean.fourier_coefficients(pred, spec.n_bits)
     metrics["degree_profile"] = boolean.degree_profile(coeffs, spec.n_bits).round(6).tolist()
     metrics["fourier"] = {boolean.monomial_label(s):
@@ -375,7 +416,8 @@ def make_group(config: Config, task_name: str,
   epoch protocol, Adam with coupled L2, the persistence probe on `probe_points`."""
   spec = boolean.get_task(task_name)
   task, model = make_task(config, task_name), make_model(config)
-  splits = {m.seed: boolean.make_splits(spec, m.seed)["train"] for m in group_members}
+  held_out = validation_points(spec) if config.select is not None else None
+  splits = {m.seed: training_split(spec, m.seed, held_out) for m in group_members}
   if spec.protocol == "enumerate":
     x, y = splits[group_members[0].seed]
     data = DeviceData({"x": x, "y": y}, sampling="epoch")

@@ -1,0 +1,89 @@
+"""Each scheme's hyperparameter chosen on validation only; the Boolean validation split."""
+
+import json
+
+import numpy as np
+import pytest
+
+from mpx import cli
+from mpx.sweep import select
+from mpx.tasks import boolean, boolean_gotu
+
+CRITERIA = (("val_accuracy", "max"), ("val_loss", "min"))
+
+
+def _member(scheme, lr, seed, val_acc, val_loss, test, diverged=False):
+  return {"task": "t", "scheme": scheme, "seed": seed, "diverged": diverged,
+          "hparams": {"learning_rate": lr, "weight_decay": 0.0},
+          "metrics": {"val_accuracy": val_acc, "val_loss": val_loss, "accuracy": test}}
+
+
+MEMBERS = [
+    _member("mask", 1e-3, 0, 1.0, 0.02, 0.50), _member("mask", 1e-3, 1, 1.0, 0.02, 0.60),
+    _member("mask", 1e-2, 0, 1.0, 0.01, 0.10), _member("mask", 1e-2, 1, 1.0, 0.01, 0.20),
+    _member("default", 1e-3, 0, 0.9, 0.01, 0.90), _member("default", 1e-3, 1, 0.9, 0.01, 0.95),
+    _member("default", 1e-2, 0, 1.0, 0.50, 0.10),
+    _member("default", 1e-2, 1, 1.0, 0.50, 0.10, diverged=True),
+]
+
+
+def _chosen(members):
+  return {line[1]: value for line, value in select.choose(members, "learning_rate",
+                                                           CRITERIA).items()}
+
+
+def test_the_best_validation_score_wins_ties_go_to_the_loss_and_divergence_is_worst():
+  # mask: accuracies tie at 100%, the loss picks 1e-2; default: 1e-2 has a diverged seed.
+  assert _chosen(MEMBERS) == {"mask": 1e-2, "default": 1e-3}
+
+
+def test_selection_cannot_see_the_reported_metrics():
+  flipped = [dict(m, metrics=dict(m["metrics"], accuracy=1.0 - m["metrics"]["accuracy"]))
+             for m in MEMBERS]
+  assert _chosen(flipped) == _chosen(MEMBERS)
+  for criteria in ((("accuracy", "max"),), (("val_accuracy", "best"),)):
+    with pytest.raises(ValueError, match="validation metrics only"):
+      select.choose(MEMBERS, "learning_rate", criteria)
+
+
+def test_the_table_reports_the_members_at_the_chosen_value():
+  table, rows = select.selection_table(MEMBERS, "learning_rate", CRITERIA, ["accuracy"])
+  mask = next(r for r in rows if r["scheme"] == "mask")
+  assert mask["learning_rate"] == 1e-2 and mask["accuracy"]["mean"] == pytest.approx(0.15)
+  assert "| t | mask | 0.01 | 2/2 | 100.00 ± 0.00 |" in table
+
+
+def test_boolean_validation_points_are_held_out_of_training():
+  for name in ("2parity", "majority3"):             # The enumerate and iid protocols.
+    spec = boolean.get_task(name)
+    held_out = boolean_gotu.validation_points(spec)
+    x_cube = boolean.cube(spec.n_bits)
+    seen = spec.seen(x_cube)
+    assert held_out.sum() == int(0.1 * seen.sum()) and not (held_out & ~seen).any()
+    x, _ = boolean_gotu.training_split(spec, 0, held_out)
+    rows = set(map(bytes, x_cube[held_out].astype(np.int8)))
+    assert not rows & set(map(bytes, x.astype(np.int8)))
+    plain = boolean_gotu.training_split(spec, 0, None)
+    np.testing.assert_array_equal(plain[0], boolean.make_splits(spec, 0)["train"][0])
+
+
+def test_a_selected_boolean_run_reports_each_scheme_at_its_best_validation_value(tmp_path):
+  out = tmp_path / "selected"
+  assert cli.main(["run", "boolean_gotu", "--preset", "tiny", "--out", str(out),
+                   "--set", "learning_rate=1e-3,1e-2", "--select", "learning_rate"]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert all("val_accuracy" in m["metrics"] for m in summary["members"])
+  chosen = {r["scheme"]: r["learning_rate"] for r in summary["selection"]["rows"]}
+  assert chosen == _chosen(summary["members"]) and set(chosen) == {"default", "mask"}
+  assert "chosen on validation" in (out / "summary.md").read_text()
+
+
+def test_selection_needs_a_list_and_a_validation_split(tmp_path, capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["run", "boolean_gotu", "--preset", "tiny", "--out", str(tmp_path / "a"),
+              "--select", "learning_rate"])
+  assert "needs a list of values" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    cli.main(["run", "arithmetic", "--preset", "tiny", "--out", str(tmp_path / "b"),
+              "--set", "learning_rate=1e-3,1e-2", "--select", "learning_rate"])
+  assert "no validation split" in capsys.readouterr().err
