@@ -530,10 +530,14 @@ def sensitivity_figure(summary, hparam: str, metric: str, colors: Mapping[str, s
 
 
 def swept_hparams(summary) -> list[str]:
-  """The numeric hparams whose value differs between members of one task and scheme."""
+  """The numeric hparams whose value differs between members of one task and scheme, and
+  the data fraction wherever members record one (a family's low-data axis, drawn even at
+  one fraction)."""
   members = summary["members"]
-  return [k for k in report.distinguishing_hparams(members)
-          if all(_number(m["hparams"].get(k)) is not None for m in members)]
+  swept = [k for k in report.distinguishing_hparams(members)
+           if all(_number(m["hparams"].get(k)) is not None for m in members)]
+  fraction = any("data_fraction" in m["hparams"] for m in members)
+  return (["data_fraction"] if fraction else []) + [k for k in swept if k != "data_fraction"]
 
 
 def plot_sensitivity(summary, path, hparam: str, metric: str | None = None,

@@ -156,9 +156,10 @@ def test_resume_checks_the_config_stored_with_the_checkpoints(uninterrupted, tmp
   assert _files(out) == before
 
 
-def _run_preempted_then_resume(out, overrides=(), before_resume=lambda: None):
+def _run_preempted_then_resume(out, overrides=(), before_resume=lambda: None, values=1):
   """Runs the toy with a SIGTERM at the first evaluation after the init's, checks the
-  checkpoint it left, calls `before_resume()`, then resumes it from the command line."""
+  checkpoint it left, calls `before_resume()`, then resumes it from the command line.
+  `values`: how many values of a traced list the overrides give (members per group ×)."""
   calls = []
   experiment = config_lib.load_experiment(TOY)
   original = experiment.build_groups
@@ -166,7 +167,7 @@ def _run_preempted_then_resume(out, overrides=(), before_resume=lambda: None):
   def build_groups_with_preemption(cfg):
     groups = original(cfg)
     task = groups[0].task
-    size = len(groups[0].members)
+    size = len(groups[0].members) * values
 
     def summarize_then_sigterm(values, member):
       calls.append(True)

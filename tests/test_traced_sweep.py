@@ -3,15 +3,14 @@ program, the same results as each value trained alone, exact resume."""
 
 import dataclasses
 import json
-import os
 import pathlib
-import signal
 
 import matplotlib.collections
 import numpy as np
 import pytest
 
 import sweep_fixtures as fx
+import test_sweep_run
 from mpx import cli, plotting, report
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, run
@@ -104,29 +103,8 @@ def test_one_program_for_every_value_and_each_value_as_if_alone(swept, tmp_path)
 
 def test_a_swept_run_resumes_exactly_after_sigterm(swept, tmp_path):
   out, _ = swept
-  experiment = config_lib.load_experiment(TOY)
-  original, calls = experiment.build_groups, []
-
-  def build_groups_with_preemption(cfg):
-    groups = original(cfg)
-    task = groups[0].task
-
-    def summarize_then_sigterm(values, member):
-      calls.append(True)
-      if len(calls) == 8 + 1:    # The merged toy_a: 4 members × 2 values; after step 0.
-        os.kill(os.getpid(), signal.SIGTERM)
-      return task.summarize(values, member)
-
-    groups[0] = dataclasses.replace(
-        groups[0], task=dataclasses.replace(task, summarize=summarize_then_sigterm))
-    return groups
-
-  experiment.build_groups = build_groups_with_preemption
   resumed = tmp_path / "resumed"
-  with pytest.raises(run.Preempted):
-    run.run_experiment(experiment, out_dir=str(resumed), overrides=LRS)
-  assert (resumed / "checkpoints" / "toy_a" / "4").exists()
-  assert cli.main(["run", TOY, "--out", str(resumed), "--resume", "--set", LRS[0]]) == 0
+  test_sweep_run._run_preempted_then_resume(resumed, LRS, values=2)
   assert (resumed / "metrics.jsonl").read_bytes() == (out / "metrics.jsonl").read_bytes()
   summary = lambda d: json.loads((d / "summary.json").read_text())
   assert summary(resumed)["members"] == summary(out)["members"]
