@@ -5,7 +5,9 @@ import json
 import numpy as np
 import pytest
 
+import mpx.experiments.boolean_gotu as gotu
 from mpx import cli
+from mpx.sweep import config as config_lib
 from mpx.sweep import select
 from mpx.tasks import boolean, boolean_gotu
 
@@ -87,3 +89,18 @@ def test_selection_needs_a_list_and_a_validation_split(tmp_path, capsys):
     cli.main(["run", "arithmetic", "--preset", "tiny", "--out", str(tmp_path / "b"),
               "--set", "learning_rate=1e-3,1e-2", "--select", "learning_rate"])
   assert "no validation split" in capsys.readouterr().err
+
+
+def test_boolean_validation_accuracy_is_sign_accuracy_on_the_held_out_points():
+  """Cyclic3's target is a sum of windows (odd values up to ±15): a prediction of the right
+  sign is right, as in the reported accuracy."""
+  _, config = config_lib.make_config(gotu, "tiny", ["tasks=cyclic3", "learning_rate=1e-3",
+                                                     "epochs=1", "select=learning_rate"])
+  task = boolean_gotu.make_task(config, "cyclic3")
+  spec = boolean.get_task("cyclic3")
+  target = boolean.make_splits(spec, 0)["test"][1]
+  held_out = boolean_gotu.validation_points(spec)
+  member = next(iter(gotu.build_groups(config)[0].members))
+  metrics = task.summarize({"pred": 0.5 * target}, member)
+  assert metrics["val_accuracy"] == 1.0 and len(set(np.abs(target[held_out]))) > 1
+  assert metrics["val_loss"] == pytest.approx(np.mean((0.5 * target[held_out]) ** 2))
