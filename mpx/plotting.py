@@ -519,7 +519,7 @@ def sensitivity_figure(summary, hparam: str, metric: str, colors: Mapping[str, s
     xs = sorted({m["hparams"][hparam] for m in mine})
     if xs[0] > 0 and xs[-1] >= 10 * xs[0]:
       ax.set_xscale("log")
-    ax.set_xticks(xs, [f"{x:g}" for x in xs])  # The values trained with.
+    ax.set_xticks(xs, [f"{x:.3g}" for x in xs])  # The values trained with.
     ax.minorticks_off()
     if scale == 100.0:
       ax.set_ylim(*PERCENT_LIMITS)
