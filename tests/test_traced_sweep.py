@@ -91,14 +91,21 @@ def test_one_program_for_every_value_and_each_value_as_if_alone(swept, tmp_path)
   assert json.loads((out / "config.json").read_text())["traced"] == {
       "learning_rate": [0.01, 0.03]}
   records = _records(out)
+  numbers = lambda r: np.array([v for _, v in sorted(r.items()) if isinstance(v, float)])
+  # Float32, not bit-exact: XLA vectorises a batch of 8 members differently from one of 4
+  # (jax 0.12 moved the last of 3 metrics by 8e-6 relative after the toy's steps). The other
+  # learning rate's numbers differ by far more than this tolerance (checked below).
+  close = lambda a, b: np.allclose(a, b, rtol=2e-5, atol=1e-6)
   for lr in ("0.01", "0.03"):
     alone = tmp_path / lr
     assert cli.main(["run", TOY, "--out", str(alone), "--set", f"learning_rate={lr}"]) == 0
     for key, record in _records(alone).items():
-      numbers = lambda r: [v for k, v in sorted(r.items()) if isinstance(v, float)]
       assert sorted(records[key]) == sorted(record)
-      np.testing.assert_allclose(numbers(records[key]), numbers(record), rtol=1e-6, atol=1e-7)
+      assert close(numbers(records[key]), numbers(record)), (key, records[key], record)
   assert len(records) == 2 * len(_records(alone))
+  trained = [k for k in records if k[-1] > 0 and k[3] == 0.01]
+  assert trained and not any(close(numbers(records[k]), numbers(records[k[:3] + (0.03,) + k[4:]]))
+                             for k in trained)
 
 
 def test_a_swept_run_resumes_exactly_after_sigterm(swept, tmp_path):
