@@ -35,7 +35,8 @@ wd 0.1, 5,000 steps: Lee et al.'s NanoGPT recipe without dropout).
 
 from __future__ import annotations
 
-from mpx.tasks.arithmetic import Config, make_group, members, task_fractions
+from mpx.tasks.arithmetic import (SELECTION_NOTE, VALIDATION, Config,  # noqa: F401
+                                  make_group, members, task_fractions)
 
 NAME = "arithmetic"  # `mpx run arithmetic`; also when imported as mpx.experiments.arithmetic.
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mpx import cli, schemes
+from mpx.sweep import config as config_lib
 from mpx.nn import causal_decoder, greedy_decode
 from mpx.tasks import arithmetic as ar
 
@@ -75,6 +76,46 @@ def test_splits_are_disjoint_and_exact(name, fraction):
   tokens = ar.make_splits(task, fraction, 3)
   a, b, _ = ar.decode(task, tokens["test"])
   np.testing.assert_array_equal(a * 1000 + b, splits["test"])
+
+
+def test_validation_problems_are_neither_trained_nor_tested():
+  task = ar.get_task("addition")
+  plain = ar.split_indices(task, 0.004, seed=3)
+  assert set(plain) == {"train", "test"}            # Only `select` draws a validation set.
+  by_seed = [ar.split_indices(task, 0.004, seed, validation_size=2000) for seed in (3, 4)]
+  for splits in by_seed:
+    assert len(splits["validation"]) == len(np.unique(splits["validation"])) == 2000
+    assert len(splits["train"]) == 4000
+    for other in ("train", "test"):
+      assert not np.intersect1d(splits["validation"], splits[other]).size
+    np.testing.assert_array_equal(splits["test"], plain["test"])
+  np.testing.assert_array_equal(*(s["validation"] for s in by_seed))  # Fixed per task.
+  with pytest.raises(ValueError, match="validation_size"):
+    ar.split_indices(ar.get_task("addition", 1), 0.1, 0, test_size=50, validation_size=45)
+
+
+def test_selection_reads_the_validation_problems_and_the_report_the_test_problems():
+  import mpx.experiments.arithmetic as experiment
+  assert experiment.VALIDATION[0] == ("val_sequence_accuracy", "max")
+  _, config = config_lib.make_config(experiment, "tiny", ["select=learning_rate"])
+  group, = experiment.build_groups(config)
+  spec = ar.get_task("addition", config.digits, reverse_answer=config.reverse_answer)
+  splits = ar.make_splits(spec, 0.004, 0, config.test_size, config.validation_size)
+  np.testing.assert_array_equal(group.data.arrays["tokens"][0], splits["train"])
+  np.testing.assert_array_equal(group.eval_data.arrays["tokens"],
+                                np.concatenate([splits["test"], splits["validation"]]))
+  test, val = np.ones(config.test_size), np.zeros(config.validation_size)
+  values = {"sequence_accuracy": np.concatenate([test, val]),
+            "digit_accuracy": np.concatenate([test, val]),
+            "loss": np.concatenate([0 * test, 7 + val])}
+  metrics = group.task.summarize(values, group.members[0])
+  assert metrics == {"sequence_accuracy": 1.0, "digit_accuracy": 1.0, "loss": 0.0,
+                     "val_sequence_accuracy": 0.0, "val_loss": 7.0}
+  _, plain_config = config_lib.make_config(experiment, "tiny")
+  plain, = experiment.build_groups(plain_config)
+  assert len(plain.eval_data.arrays["tokens"]) == plain_config.test_size
+  assert set(plain.task.summarize(values, plain.members[0])) == {
+      "sequence_accuracy", "digit_accuracy", "loss"}
 
 
 def test_alignment_prior_by_hand():

@@ -86,7 +86,7 @@ def test_selection_needs_a_list_and_a_validation_split(tmp_path, capsys):
               "--select", "learning_rate"])
   assert "needs a list of values" in capsys.readouterr().err
   with pytest.raises(SystemExit):
-    cli.main(["run", "arithmetic", "--preset", "tiny", "--out", str(tmp_path / "b"),
+    cli.main(["run", "vision", "--preset", "tiny", "--out", str(tmp_path / "b"),
               "--set", "learning_rate=1e-3,1e-2", "--select", "learning_rate"])
   assert "no validation split" in capsys.readouterr().err
 

@@ -49,6 +49,9 @@ TASKS = tuple(OPERATORS)
 # The held-out test set depends only on the task (not on the seed or the fraction), so
 # every seed and every point of a fraction curve is measured on the same problems.
 _TEST_STREAM = 0x7E57
+# With `select` only: validation problems, fixed per task, drawn from neither the test set
+# nor (then) any training set; selection reads them, the report never does.
+_VALIDATION_STREAM = 0x7A1D
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,36 +226,46 @@ def loss_weights(task: ArithmeticTask) -> np.ndarray:
 
 
 def split_indices(task: ArithmeticTask, fraction: float, seed: int,
-                  test_size: int = 10_000) -> dict[str, np.ndarray]:
-  """Problem indices (`a · 10^b_digits + b`) of a seeded train set and a disjoint test set.
+                  test_size: int = 10_000, validation_size: int = 0
+                  ) -> dict[str, np.ndarray]:
+  """Problem indices (`a · 10^b_digits + b`) of a seeded train set and a disjoint test set
+  (and, with `validation_size`, a validation set disjoint from both).
 
-  The train set has `round(fraction · space)` problems drawn with `seed`; the test set is
-  fixed per task (see `_TEST_STREAM`). Both are drawn without replacement by numpy, never
-  materialising the whole space: the train candidates that fall in the test set are
-  dropped, and `n_train + test_size` candidates always leave enough.
+  The train set has `round(fraction · space)` problems drawn with `seed`; the test and
+  validation sets are fixed per task (`_TEST_STREAM`, `_VALIDATION_STREAM`). All are drawn
+  without replacement by numpy, never materialising the whole space: candidates that fall
+  in an earlier set are dropped, and drawing as many extra as those sets hold always
+  leaves enough. Without a validation set the train set is exactly the one drawn before
+  validation existed.
   """
   space = task.space_size
   n_train = round(fraction * space)
   if not 0 < fraction < 1 or n_train < 1:
     raise ValueError(f"fraction must be in (0, 1) and give >= 1 problem of {space}; got "
                      f"{fraction}.")
-  if test_size < 1 or n_train + test_size > space:
-    raise ValueError(f"{n_train} train + {test_size} test problems exceed the {space} of "
-                     f"{task.name} ({task.a_digits}x{task.b_digits} digits); lower the "
-                     "fraction or test_size.")
-  test = np.random.default_rng((_TEST_STREAM, space)).choice(space, test_size,
-                                                             replace=False)
-  candidates = np.random.default_rng((seed, space)).choice(space, n_train + test_size,
-                                                           replace=False)
-  train = candidates[~np.isin(candidates, test)][:n_train]
-  return {"train": train, "test": test}
+  if test_size < 1 or validation_size < 0 or n_train + test_size + validation_size > space:
+    raise ValueError(f"{n_train} train + {test_size} test + {validation_size} validation "
+                     f"problems exceed the {space} of {task.name} ({task.a_digits}x"
+                     f"{task.b_digits} digits); lower the fraction, test_size or "
+                     "validation_size.")
+  draw = lambda stream, n: np.random.default_rng((stream, space)).choice(space, n,
+                                                                         replace=False)
+  out = {"test": draw(_TEST_STREAM, test_size)}
+  held = out["test"]
+  if validation_size:
+    candidates = draw(_VALIDATION_STREAM, validation_size + test_size)
+    out["validation"] = candidates[~np.isin(candidates, held)][:validation_size]
+    held = np.concatenate([held, out["validation"]])
+  candidates = draw(seed, n_train + len(held))
+  return {"train": candidates[~np.isin(candidates, held)][:n_train]} | out
 
 
 def make_splits(task: ArithmeticTask, fraction: float, seed: int,
-                test_size: int = 10_000) -> dict[str, np.ndarray]:
-  """`{"train": tokens_PS, "test": tokens_TS}`, see `split_indices`."""
+                test_size: int = 10_000, validation_size: int = 0) -> dict[str, np.ndarray]:
+  """`{"train": tokens_PS, "test": tokens_TS}` (and "validation"), see `split_indices`."""
   out = {}
-  for name, index_P in split_indices(task, fraction, seed, test_size).items():
+  for name, index_P in split_indices(task, fraction, seed, test_size,
+                                     validation_size).items():
     a_P, b_P = np.divmod(index_P, 10 ** task.b_digits)
     out[name] = encode(task, a_P, b_P)
   return out
@@ -310,6 +323,9 @@ class Config(PriorConfig):
   digits: operand digits of both operands (3: addition over 10^6 pairs; see
     the module docstring for why multiplication is 3×3 too).
   test_size: held-out problems, disjoint from every training set.
+  validation_size: with `select` only, problems that selection reads (`VALIDATION`), drawn
+    from neither the test set nor any training set; without `select` none is drawn and
+    the training sets are unchanged.
   eval_batch: test problems per compiled evaluation call (all members at once).
   qk_pos_scale: the QK schemes scale the position embedding by it (the recipe's ×18).
     At the quick scale QK-SVD / QK-Opt then put 1.00 / 0.86–0.94 of the answer rows'
@@ -334,6 +350,7 @@ class Config(PriorConfig):
   warmup_steps: int = 100
   steps: int = 5000
   test_size: int = 10_000
+  validation_size: int = 2000
   eval_batch: int = 2000
 
   def __post_init__(self):
@@ -344,6 +361,8 @@ class Config(PriorConfig):
     if self.fractions is not None and not (self.fractions and
                                            all(0 < f < 1 for f in self.fractions)):
       raise ValueError(f"fractions must lie in (0, 1); got {self.fractions}.")
+    if self.validation_size < 1:
+      raise ValueError(f"validation_size={self.validation_size} must be >= 1.")
     if not 0 < self.probe_size <= self.test_size:
       raise ValueError(f"probe_size={self.probe_size} must be in [1, test_size="
                        f"{self.test_size}].")
@@ -419,10 +438,22 @@ def make_task(config: Config, spec: ArithmeticTask) -> engine.Task:
             "digit_accuracy": digit_correct(pred_BA, target_BA), "loss": loss_B}
 
   def summarize(values, member):
+    """The test problems come first; with `select`, the validation problems after them."""
     del member
-    return {name: float(np.mean(v)) for name, v in values.items()}
+    metrics = {name: float(np.mean(v[:config.test_size])) for name, v in values.items()}
+    if config.select is not None:
+      metrics |= {f"val_{name}": float(np.mean(values[name][config.test_size:]))
+                  for name in ("sequence_accuracy", "loss")}
+    return metrics
 
   return engine.Task(init=init, loss=train_loss, eval_step=eval_step, summarize=summarize)
+
+
+# Selection (`select`) reads these, best first: greedy sequence accuracy on the validation
+# problems, then their answer loss to break ties (several rates at 0% in multiplication).
+VALIDATION = (("val_sequence_accuracy", "max"), ("val_loss", "min"))
+SELECTION_NOTE = ("Validation problems are drawn from neither the training sets nor the "
+                  "test set; the reported accuracies are on the test set.")
 
 
 def make_group(config: Config, task_name: str, fraction: float,
@@ -432,9 +463,12 @@ def make_group(config: Config, task_name: str, fraction: float,
   persistence probe is the first `probe_size` test problems, fidelity on the rows that
   predict an answer digit."""
   spec = get_task(task_name, config.digits, reverse_answer=config.reverse_answer)
-  splits = {seed: make_splits(spec, fraction, seed, config.test_size)
+  validation_size = config.validation_size if config.select is not None else 0
+  splits = {seed: make_splits(spec, fraction, seed, config.test_size, validation_size)
             for seed in sorted({m.seed for m in group_members})}
   test_tokens = next(iter(splits.values()))["test"]  # The task's, the same for every seed.
+  eval_tokens = (np.concatenate([test_tokens, next(iter(splits.values()))["validation"]])
+                 if validation_size else test_tokens)  # As `make_task`'s summarize reads.
   answer_rows = np.zeros(spec.n_tokens, bool)
   answer_rows[[p + spec.layout.query_offset for p in spec.layout.answer]] = True
   allowed = np.asarray(prior(spec, config.mask_strength)) > 0
@@ -450,7 +484,7 @@ def make_group(config: Config, task_name: str, fraction: float,
       task=make_task(config, spec),
       data=DeviceData({"tokens": np.stack([splits[m.seed]["train"] for m in group_members])},
                       per_member=True, sampling="epoch"),
-      eval_data=EvalData({"tokens": test_tokens}, config.eval_batch), steps=config.steps,
+      eval_data=EvalData({"tokens": eval_tokens}, config.eval_batch), steps=config.steps,
       batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
       optim=optim.OptimConfig(optimizer="adamw", schedule="warmup_cosine",
                               total_steps=config.steps, warmup_steps=config.warmup_steps))
