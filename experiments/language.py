@@ -28,7 +28,7 @@ loss, which is not comparable across tokenizers: compare bits per byte.
 from __future__ import annotations
 
 from mpx.tasks import language, text
-from mpx.tasks.language import Config
+from mpx.tasks.language import SELECTION_NOTE, VALIDATION, Config  # noqa: F401
 
 NAME = "language"  # `mpx run language`; also when imported as mpx.experiments.language.
 
@@ -82,8 +82,8 @@ def history_metrics(config: Config, history):
 def fingerprint(config: Config) -> dict:
   """The data files the run reads, `{split: {file: bytes}}`: config.json records them, and
   a resume that would read other files is refused."""
-  return {"data_files": text.data_files(config.dataset, ("train", "validation"),
-                                        config.data_dir)}
+  splits = ("train", "validation") + (("test",) if config.select is not None else ())
+  return {"data_files": text.data_files(config.dataset, splits, config.data_dir)}
 
 
 def save_run_files(config: Config, run_dir):

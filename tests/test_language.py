@@ -222,6 +222,27 @@ def _write_wikitext(root, rng):
     (root / f"wiki.{split}.raw").write_text("".join(body), encoding="utf-8")
 
 
+def test_selection_reads_validation_and_the_report_the_test_split():
+  """With select, the evaluated windows are validation then test: `val_` metrics are the
+  validation windows' (all selection reads), the reported ones the test windows'."""
+  config = dataclasses.replace(TINY, select="learning_rate")
+  (group,) = EXPERIMENT.build_groups(config)
+  valid, test = (language.windows(TINY, s)[:TINY.eval_sequences] for s in ("validation", "test"))
+  np.testing.assert_array_equal(group.eval_data.arrays["tokens"], np.concatenate([valid, test]))
+  n = len(valid)
+  nll = np.concatenate([np.full(n, 2.0), np.full(len(test), 1.0)]) * TINY.seq_len
+  metrics = group.task.summarize({"nll": nll, "bytes": np.full(len(nll), TINY.seq_len)},
+                                 group.members[0])
+  assert metrics["val_loss"] == pytest.approx(2.0) and metrics["loss"] == pytest.approx(1.0)
+  assert metrics["perplexity"] == pytest.approx(math.e)
+  assert EXPERIMENT.VALIDATION == (("val_loss", "min"),)
+  assert "test" in EXPERIMENT.fingerprint(config)["data_files"]
+  (plain,) = EXPERIMENT.build_groups(TINY)
+  np.testing.assert_array_equal(plain.eval_data.arrays["tokens"], valid)
+  with pytest.raises(ValueError, match="no test split.*dataset=kjv or wikitext2"):
+    dataclasses.replace(config, dataset="tinystories")
+
+
 def _write_tinystories(root, rng):
   """The paper's V1 beside V2 (other stories): the preset reads V1."""
   for version in ("TinyStories", "TinyStoriesV2-GPT4"):

@@ -42,7 +42,8 @@ class Config(PriorConfig):
   seq_len: tokens per training window (the position embedding and masks are N × N).
   tie_embeddings: the readout is the token embedding transposed.
   steps, warmup_steps: AdamW with linear warmup, then cosine decay to 0.
-  eval_sequences: validation windows evaluated (None: all of them).
+  eval_sequences: validation windows evaluated (None: all of them); with `select`, as
+    many test windows too.
   target_perplexity: the convergence measure, steps until a member's validation
     perplexity first reached it (None: not measured).
   dtype: matmul compute dtype ("bfloat16" on accelerators); implementation: attention
@@ -104,6 +105,10 @@ class Config(PriorConfig):
       raise ValueError(f"target_perplexity={self.target_perplexity} must be > 1.")
     if not self.learning_rate > 0:
       raise ValueError(f"learning_rate={self.learning_rate} must be > 0.")
+    if self.select is not None and "test" not in text.dataset_splits(self.dataset):
+      raise ValueError(f"select={self.select}: {self.dataset} has no test split to report "
+                       "while validation chooses; use dataset=kjv or wikitext2, or run "
+                       "without select.")
 
 
 # --------------------------------------------------------------------------- model
@@ -158,9 +163,10 @@ def windows(config: Config, split: str) -> np.ndarray:
 # --------------------------------------------------------------------------- task
 
 
-def make_task(config: Config, tokenizer) -> engine.Task:
-  """Init by scheme; next-token cross-entropy; per validation window the summed NLL and
-  the bytes its targets stand for."""
+def make_task(config: Config, tokenizer, n_validation: int = 0) -> engine.Task:
+  """Init by scheme; next-token cross-entropy; per evaluated window the summed NLL and
+  the bytes its targets stand for (with `select`, `n_validation` validation windows, then
+  the test windows)."""
   model = make_model(config, tokenizer.vocab_size)
   byte_lengths = jnp.asarray(tokenizer.byte_lengths(), jnp.float32)
   dummy = jnp.zeros((1, config.seq_len), jnp.int32)
@@ -184,12 +190,21 @@ def make_task(config: Config, tokenizer) -> engine.Task:
     nll_BN, targets_BN = nll(params, batch["tokens"])
     return {"nll": nll_BN.sum(-1), "bytes": byte_lengths[targets_BN].sum(-1)}
 
+  def scores(nll_S, bytes_S):
+    total_nll, tokens = float(np.sum(nll_S)), nll_S.size * config.seq_len
+    return {"perplexity": math.exp(total_nll / tokens), "loss": total_nll / tokens,
+            "bits_per_byte": total_nll / math.log(2) / float(np.sum(bytes_S))}
+
   def summarize(values, member):
+    """Without `select`: the validation windows. With it, the first `n_validation` windows
+    are validation, which selection reads (`val_`), and the rest the reported test split."""
     del member
-    total_nll, tokens = float(np.sum(values["nll"])), values["nll"].size * config.seq_len
-    return {"perplexity": math.exp(total_nll / tokens),
-            "loss": total_nll / tokens,
-            "bits_per_byte": total_nll / math.log(2) / float(np.sum(values["bytes"]))}
+    if config.select is None:
+      return scores(values["nll"], values["bytes"])
+    split = lambda name: np.split(values[name], [n_validation])
+    (val_nll, test_nll), (val_bytes, test_bytes) = split("nll"), split("bytes")
+    return scores(test_nll, test_bytes) | {
+        f"val_{k}": v for k, v in scores(val_nll, val_bytes).items()}
 
   return engine.Task(init=init, loss=loss, eval_step=eval_step, summarize=summarize)
 
@@ -215,6 +230,9 @@ def make_group(config: Config) -> engine.Group:
   tokenizer = tokenizer_for(config)
   train = windows(config, "train")
   valid = windows(config, "validation")[:config.eval_sequences]
+  evaluated = valid
+  if config.select is not None:  # Selection reads validation; the report, the test split.
+    evaluated = np.concatenate([valid, windows(config, "test")[:config.eval_sequences]])
   if len(train) < config.batch_size:
     raise ValueError(f"the training split packs into {len(train)} windows of "
                      f"{config.seq_len + 1} tokens, fewer than batch_size="
@@ -231,8 +249,9 @@ def make_group(config: Config) -> engine.Group:
       patterns=[{f"block_{i}": pattern for i in masked}] * len(group_members))
   return engine.Group(
       name=group_members[0].task, members=group_members,
-      task=make_task(config, tokenizer), data=DeviceData({"tokens": train}, sampling="epoch"),
-      eval_data=EvalData({"tokens": valid}, config.eval_batch), steps=config.steps,
+      task=make_task(config, tokenizer, len(valid) if config.select is not None else 0),
+      data=DeviceData({"tokens": train}, sampling="epoch"),
+      eval_data=EvalData({"tokens": evaluated}, config.eval_batch), steps=config.steps,
       batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
       optim=optim.OptimConfig(optimizer="adamw", schedule="warmup_cosine",
                               total_steps=config.steps, warmup_steps=config.warmup_steps,
@@ -268,3 +287,10 @@ def save_tokenizer(config: Config, run_dir: pathlib.Path) -> None:
                        "resume with the same data, or start a fresh run.")
     return
   tokenizer.save(directory)
+
+
+# Selection (`select`) reads validation perplexity's log, the mean token loss; the run then
+# reports the test split, which only this mode evaluates.
+VALIDATION = (("val_loss", "min"),)
+SELECTION_NOTE = ("With select, the reported perplexity and bits per byte are the test "
+                  "split's (validation chose); without it they are validation's.")

@@ -60,6 +60,11 @@ _DATASET_SPLITS = {"kjv": SPLITS, "wikitext2": SPLITS} | {
 _KJV_FILE = Path(__file__).parent / "data" / "kjv.txt.xz"
 
 
+def dataset_splits(dataset: str) -> tuple[str, ...]:
+  """The splits `dataset` has (TinyStories has no test split)."""
+  return _DATASET_SPLITS[dataset]
+
+
 class DatasetUnavailable(FileNotFoundError):
   """The dataset is not in `data_dir`; the message says which files and how to get them."""
 
