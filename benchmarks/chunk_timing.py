@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from mpx.sweep import engine
@@ -31,3 +32,26 @@ def time_chunk(chunk, state, hparams, data, repeats: int) -> float:
   seconds = time.perf_counter() - start
   assert np.all(np.isfinite(np.asarray(out["train_loss"]))), "non-finite loss"
   return seconds
+
+def xla_flops(compiled) -> float:
+  """FLOPs of a compiled program; `cost_analysis()` is a dict or a list of dicts."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    return float(sum(c.get("flops", 0.0) for c in cost))
+  return float(cost.get("flops", 0.0))
+
+def matmul_peak(sizes: tuple[int, ...], repeats: int,
+                dtype=jnp.float32) -> dict[int, float]:
+  """GFLOP/s of a jitted n³ `jnp.dot` (default precision), best of `repeats`, per size."""
+  peaks = {}
+  for n in sizes:
+    a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
+    dot = jax.jit(jnp.dot)
+    jax.block_until_ready(dot(a, b))
+    best = float("inf")
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(dot(a, b))
+      best = min(best, time.perf_counter() - start)
+    peaks[n] = 2 * n ** 3 / best / 1e9
+  return peaks

@@ -56,12 +56,13 @@ def main(argv=None):
 
   print(f"jax {jax.__version__}, devices: {', '.join(str(d) for d in jax.devices())}; "
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
-  rates = {name: bench.matmul_peak((args.matmul_size,), 5, dtype)[args.matmul_size] / 1e3
+  peak = lambda dtype: bench.chunk_timing.matmul_peak((args.matmul_size,), 5, dtype)
+  rates = {name: peak(dtype)[args.matmul_size] / 1e3
            for name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16))}
   print(f"matmul {args.matmul_size}³ TFLOP/s: " +
         ", ".join(f"{k} {v:.1f}" for k, v in rates.items()), flush=True)
   chunk = bench.compiled_chunk(args.preset, 1, 1)[0]
-  gflop = bench.xla_flops(chunk) / 1e9
+  gflop = bench.chunk_timing.xla_flops(chunk) / 1e9
   del chunk
   print(f"{gflop:.2f} GFLOP per member-step (XLA cost analysis)", flush=True)
 

@@ -93,21 +93,6 @@ def machine_lines() -> list[str]:
   ]
 
 
-def matmul_peak(sizes: tuple[int, ...], repeats: int,
-                dtype=jnp.float32) -> dict[int, float]:
-  """GFLOP/s of a jitted n³ `jnp.dot` (default precision), best of `repeats`, per size."""
-  peaks = {}
-  for n in sizes:
-    a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
-    dot = jax.jit(jnp.dot)
-    jax.block_until_ready(dot(a, b))
-    best = float("inf")
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(dot(a, b))
-      best = min(best, time.perf_counter() - start)
-    peaks[n] = 2 * n ** 3 / best / 1e9
-  return peaks
 
 
 # --------------------------------------------------------------------------- mpx
@@ -173,12 +158,6 @@ def _size(gib: float) -> str:
   return f"{gib:.1f} GiB" if gib >= 1 else f"{gib * 1024:.0f} MiB"
 
 
-def xla_flops(compiled) -> float:
-  """FLOPs of a compiled program; `cost_analysis()` is a dict or a list of dicts."""
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    return float(sum(c.get("flops", 0.0) for c in cost))
-  return float(cost.get("flops", 0.0))
 
 
 def compiled_chunk(scale: str, members: int, steps: int):
@@ -194,7 +173,7 @@ def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
   steps per chunk), so its FLOPs / K are per member-step.
   """
   chunk, state, hparams, data, compile_s = compiled_chunk(scale, members, steps)
-  gflop = xla_flops(chunk) / members / 1e9
+  gflop = chunk_timing.xla_flops(chunk) / members / 1e9
   need, have = needed_gib(chunk), available_gib()
   if need > have:  # Skip rather than have the OOM killer end the whole run.
     return Row(scale, "mpx vmapped", members, float("nan"), compile_s, gflop,
@@ -254,7 +233,7 @@ def time_loop(scale: str, members: int, steps: int) -> Row:
   jax.block_until_ready(loss)
   seconds = time.perf_counter() - start
   return Row(scale, "mpx loop of jitted steps", members, members * steps / seconds,
-             compile_s, xla_flops(step_fn) / 1e9)
+             compile_s, chunk_timing.xla_flops(step_fn) / 1e9)
 
 
 def time_torch(scale: str, steps: int, seeds: int, gflop: float | None) -> Row:
@@ -396,7 +375,8 @@ def main(argv=None):
   before, after = torch_reference.loss_decreases(torch_scale("quick"))
   assert after < before, f"a torch step did not lower the loss ({before} -> {after})"
   print(f"params (mpx = torch): {params}; torch loss on one batch {before:.4f} -> {after:.4f}")
-  peaks = matmul_peak(tuple(args.matmul_sizes), repeats=3 if args.quick_check else 5)
+  peaks = chunk_timing.matmul_peak(tuple(args.matmul_sizes),
+                                   repeats=3 if args.quick_check else 5)
   torch_peaks = {n: torch_reference.matmul_gflops(n) for n in args.matmul_sizes}
   print(f"matmul GFLOP/s: jax {peaks}, torch {torch_peaks}", flush=True)
 

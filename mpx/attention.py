@@ -363,9 +363,11 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
         fused flash-attention kernel: NVIDIA GPU and float16/bfloat16 q, k, v only;
         anything else raises ValueError (never a silent fallback). XLA declares the
         float32 bias to cuDNN as float32 (openxla/xla#32985; jaxlib 0.8.0 gave NaN
-        gradients, jax-ml/jax#32242). cuDNN's own limits (head dim a multiple of 8,
-        <= 128 before Hopper and <= 256 from it; even N when differentiated with a
-        prior or hard mask) raise jax's NotImplementedError.
+        gradients, jax-ml/jax#32242). cuDNN trains with a prior or hard mask only at
+        an even token count: an odd one (ViT-Tiny at 224 px has 197 tokens) gets one
+        more key, hidden by the mask, and one more query, dropped; the result is the
+        same. cuDNN's head-dim limits (a multiple of 8, <= 128 before Hopper and <= 256
+        from it) raise jax's NotImplementedError.
 
   Returns:
     `[..., Nq, H, Dv]` in v's dtype.
@@ -408,23 +410,56 @@ def _check_cudnn(q: Array, k: Array, v: Array) -> None:
 
 
 def _masked_attention_fused(q, k, v, mask_logits, mask, bias, causal, padding_mask,
-                            query_offset, backend):
+                            query_offset, backend, pad_odd=None):
   """Routes through `jax.nn.dot_product_attention(implementation=backend)`.
 
   jax wants one batch dim and 4-D bias and mask, so both are broadcast in full. The bias
   stays float32: both backends take a bias of any dtype, and a bf16 bias would round the
-  prior.
+  prior. `pad_odd` (default: for cuDNN) evens out odd token counts (`_pad_to_even`).
   """
   n_q, num_heads, n_k = q.shape[-3], q.shape[-2], k.shape[-3]
   shape_BHQK = q.shape[:-3] + (num_heads, n_q, n_k)
   flat = lambda x: x.reshape((-1,) + x.shape[-3:])
   full = lambda x: jnp.broadcast_to(x, shape_BHQK).reshape((-1, num_heads, n_q, n_k))
   total_bias = _logit_bias(mask_logits, bias, n_q, query_offset)
+  total_bias = None if total_bias is None else full(total_bias)
   allowed = _allowed_BHQK(n_q, n_k, causal, query_offset, padding_mask, mask)
   allowed = None if allowed is None else full(allowed)
-  out = jax.nn.dot_product_attention(
-      flat(q), flat(k), flat(v), bias=None if total_bias is None else full(total_bias),
-      mask=allowed, implementation=backend)
+  args = flat(q), flat(k), flat(v), total_bias, allowed
+  if (backend == "cudnn") if pad_odd is None else pad_odd:
+    args = _pad_to_even(*args)
+  out_BQHD = jax.nn.dot_product_attention(*args[:3], bias=args[3], mask=args[4],
+                                          implementation=backend)[:, :n_q]
   if allowed is not None:  # Match the reference: rows with no visible key give zeros.
-    out = jnp.where(jnp.any(allowed, axis=-1).transpose(0, 2, 1)[..., None], out, 0)
-  return out.reshape(q.shape[:-1] + v.shape[-1:])
+    out_BQHD = jnp.where(jnp.any(allowed, axis=-1).transpose(0, 2, 1)[..., None],
+                         out_BQHD, 0)
+  return out_BQHD.reshape(q.shape[:-1] + v.shape[-1:])
+
+
+def _pad_to_even(q_BQHD, k_BKHD, v_BKHD, bias_BHQK, allowed_BHQK):
+  """(q, k, v, bias, allowed) with even token counts, for cuDNN: it trains with a bias
+  (a prior, or a hard mask, which jax turns into one) only when the query and key counts
+  are even, and ViT-Tiny at 224 px has 197 tokens.
+
+  An odd count gets one zero token more: the extra key is hidden by the mask, so every
+  real query's softmax and output are unchanged and the key gets no gradient; the extra
+  query sees the real keys and its output is dropped (`[:, :n_q]`), so it gets no
+  gradient either. Without a bias or mask there is nothing to pad for.
+  """
+  if bias_BHQK is None and allowed_BHQK is None:
+    return q_BQHD, k_BKHD, v_BKHD, bias_BHQK, allowed_BHQK
+  n_q, n_k = q_BQHD.shape[1], k_BKHD.shape[1]
+  pad_q, pad_k = n_q % 2, n_k % 2
+  if not pad_q and not pad_k:
+    return q_BQHD, k_BKHD, v_BKHD, bias_BHQK, allowed_BHQK
+  tokens = lambda x, extra: jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0)))
+  logits = ((0, 0), (0, 0), (0, pad_q), (0, pad_k))
+  real_key_K = jnp.arange(n_k + pad_k) < n_k
+  if allowed_BHQK is None:
+    allowed_BHQK = jnp.broadcast_to(real_key_K, (1, 1, n_q + pad_q, n_k + pad_k))
+  else:
+    allowed_BHQK = jnp.pad(allowed_BHQK, logits, constant_values=True) & real_key_K
+  if bias_BHQK is not None:
+    bias_BHQK = jnp.pad(bias_BHQK, logits)
+  return (tokens(q_BQHD, pad_q), tokens(k_BKHD, pad_k), tokens(v_BKHD, pad_k), bias_BHQK,
+          allowed_BHQK)

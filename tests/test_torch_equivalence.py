@@ -5,7 +5,6 @@ with the neutral prior and with a learned-looking one (the torch model adds
 `log σ(M)` per layer and head, as mpx does).
 """
 
-import importlib.util
 import pathlib
 import sys
 
@@ -26,18 +25,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 WIDTH, DEPTH, HEADS, HEAD_DIM, MLP = 32, 2, 2, 16, 32
 
 
-def _load_torch_reference():
-  """benchmarks/ is not a package; load the module from its file (registered first, as
-  its dataclasses look their module up in sys.modules)."""
-  path = ROOT / "benchmarks" / "torch_reference.py"
-  spec = importlib.util.spec_from_file_location("torch_reference", path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules.setdefault(spec.name, module)
-  spec.loader.exec_module(module)
-  return module
-
-
-REF = _load_torch_reference()
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/ is not a package.
+import torch_reference as REF  # noqa: E402
 N_TOKENS = REF.N_TOKENS  # 15 bits + CLS.
 
 

@@ -1,0 +1,307 @@
+"""benchmarks/accelerator_check.py on a CPU, and the cuDNN path's odd-token padding.
+
+The script is what the first accelerator runs, unattended, in a few minutes: here it runs
+every stage at toy sizes (`--tiny`) with the modules the device image lacks blocked,
+respects a small budget, and records a crashing probe process; the padding that lets
+cuDNN train at 197 tokens is checked against the unpadded attention and, at trace time,
+against jax's own cuDNN checks.
+"""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mpx import attention as attention_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "accelerator_check.py"
+# Not on the device image: the script must run without them.
+BLOCKED = ("grain", "tensorflow_datasets", "tensorflow", "torch", "sklearn")
+
+
+sys.path.insert(0, str(SCRIPT.parent))  # benchmarks/ is not a package.
+import accelerator_check as AC  # noqa: E402
+
+
+def _device_image_env(tmp: pathlib.Path) -> dict:
+  """The environment of a process that cannot import what the device image lacks: a
+  sitecustomize on PYTHONPATH marks those modules absent (`sys.modules[name] = None`:
+  importing one raises ModuleNotFoundError, `importlib.util.find_spec` finds nothing, as
+  for a module not installed); children of the process, the probe process included,
+  inherit it."""
+  blocker = tmp / "blocker"
+  blocker.mkdir(exist_ok=True)
+  (blocker / "sitecustomize.py").write_text(
+      f"import sys\nsys.modules.update(dict.fromkeys({BLOCKED!r}))\n")
+  return dict(os.environ, PYTHONPATH=f"{blocker}{os.pathsep}{ROOT}")
+
+
+def _run(tmp: pathlib.Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+  out = tmp / "out"
+  command = [sys.executable, str(SCRIPT), "--out", str(out), "--cache-dir",
+             str(tmp / "cache"), *args]
+  done = subprocess.run(command, cwd=ROOT, env=_device_image_env(tmp), capture_output=True,
+                        text=True, timeout=1800)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done, json.loads((out / AC.JSON_FILE).read_text())
+
+
+def test_blocked_modules_do_not_import(tmp_path):
+  """The check of the check: under that environment the blocked modules really fail."""
+  env = _device_image_env(tmp_path)
+  for name in ("grain", "tensorflow_datasets"):
+    done = subprocess.run([sys.executable, "-c", f"import {name}"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr
+  probe = "import importlib.util; assert importlib.util.find_spec('tensorflow') is None"
+  assert subprocess.run([sys.executable, "-c", probe], env=env, timeout=120).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  """`--tiny` with a budget every stage fits: (json report, markdown, stdout)."""
+  tmp = tmp_path_factory.mktemp("tiny")
+  done, report = _run(tmp, "--tiny", "--budget-s", "1500")
+  return report, (tmp / "out" / AC.MARKDOWN_FILE).read_text(), done.stdout
+
+
+def test_tiny_run_reports_every_stage(tiny_run):
+  report, markdown, stdout = tiny_run
+  stages = report["stages"]
+  assert list(stages) == list(AC.STAGES)
+  for key, stage in stages.items():
+    assert stage["status"] == "done", (key, stage["notes"])
+    assert f"{stage['title']} (done" in markdown
+  assert markdown.strip() in stdout  # The report is printed at the end too.
+
+
+def test_tiny_run_measures_the_sweep(tiny_run):
+  report, _, _ = tiny_run
+  stage = report["stages"]["sweep"]
+  rows = stage["rows"]
+  assert [(r["precision, attention"], r["K"]) for r in rows] == [
+      ("float32, reference", 1), ("float32, reference", 2), ("bfloat16, jax", 2)]
+  for row in rows:
+    assert row["rate"] > 0 and "note" not in row, row
+    xla, estimate = float(row["GFLOP / member-step (XLA)"]), float(row["6·P·N·B GFLOP"])
+    assert 0.5 < xla / estimate < 2, row  # XLA counts the scan's body once, per member.
+    assert row["of the peak"].endswith(row["precision, attention"].split(",")[0])
+  assert stage["facts"]["most members that fit (tiny)"].startswith("2 (")
+
+
+def test_tiny_run_probes_pass_and_lists_refusals(tiny_run):
+  report, _, _ = tiny_run
+  stage = report["stages"]["cudnn"]
+  assert [r["case"] for r in stage["rows"]] == list(AC.PROBES)
+  for row in stage["rows"]:
+    assert row["result"] == "ok", row
+  refused = [n for n in stage["notes"] if n.startswith("Refused before any compile")]
+  assert any("float16 or all bfloat16" in n for n in refused)
+  assert any("only on an NVIDIA GPU" in n for n in refused)
+
+
+def test_tiny_run_measures_the_models_and_the_eta(tiny_run):
+  report, _, _ = tiny_run
+  rows = report["stages"]["models"]["rows"]
+  assert [r["model"].split(" (")[0] for r in rows] == [
+      "ViT 32 px / patch 2", "ViT 224 px / patch 16", "language tiny"]
+  for row in rows:
+    assert "note" not in row and float(row["images or tokens /s"]) > 0, row
+  eta = report["stages"]["eta"]
+  assert "fits one 600 s call" in eta["facts"]["ETA of the tiny table"]
+  assert eta["facts"]["2Parity default and mask, trained"].startswith("to the end in")
+  accuracy = eta["facts"]["their accuracy (mean over seeds, last evaluation)"]
+  assert accuracy.startswith("default ") and ", mask " in accuracy
+
+
+def test_a_small_budget_skips_stages_with_a_note(tmp_path):
+  """With no time left only the environment runs (it is always measured: the peaks)."""
+  _, report = _run(tmp_path, "--tiny", "--budget-s", "1")
+  stages = report["stages"]
+  assert stages["environment"]["status"] == "done"
+  assert stages["environment"]["facts"]["device"].startswith("1 × cpu")
+  for key in AC.STAGES[1:]:
+    assert stages[key]["status"] == "skipped"
+    assert stages[key]["notes"][-1].startswith("Stage skipped:")
+    assert "of the budget left" in stages[key]["notes"][-1]
+  markdown = (tmp_path / "out" / AC.MARKDOWN_FILE).read_text()
+  assert markdown.count("(skipped)") == len(AC.STAGES) - 1
+
+
+def test_a_crashing_probe_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+  """A probe process killed by a signal mid-case (what a cuDNN crash does): that case
+  reads "crashed", a new process runs the rest."""
+  fake = tmp_path / "fake_probes.py"
+  fake.write_text(textwrap.dedent("""\
+      import json, os, pathlib, signal, sys
+      args = sys.argv[2:]
+      log = pathlib.Path(args[args.index("--cudnn-probes") + 1])
+      cases = args[args.index("--cases") + 1].split(",")
+      with log.open("a") as f:
+        for case in cases:
+          f.write(json.dumps({"case": case, "event": "start"}) + "\\n")
+          f.flush()
+          if case == "odd_tokens_padded":
+            os.kill(os.getpid(), signal.SIGKILL)
+          f.write(json.dumps({"case": case, "event": "end", "status": "ok", "detail": "",
+                              "seconds": 0.0}) + "\\n")
+      """))
+  python = tmp_path / "python"
+  python.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
+  python.chmod(0o755)
+  monkeypatch.setattr(AC.sys, "executable", str(python))
+  args = AC.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--cache-dir", ""])
+  budget = AC.Budget(600)
+  report = AC.Report(tmp_path / "out", {"command": "test", "budget_s": 600, "tiny": True,
+                                        "started": "now"}, budget)
+  ctx = AC.Context(AC.TINY, budget, report, args, "jax")
+  stage = report.stage("cudnn", "probes")
+  AC.stage_cudnn(ctx, stage)
+  results = {r["case"]: r for r in stage["rows"]}
+  assert list(results) == list(AC.PROBES)
+  assert results["odd_tokens_padded"]["result"] == "crashed"
+  assert "killed by signal 9" in results["odd_tokens_padded"]["detail"]
+  assert all(r["result"] == "ok" for c, r in results.items() if c != "odd_tokens_padded")
+
+
+def test_most_members_from_two_program_sizes(monkeypatch):
+  """Memory grows by one member's bytes per member: (limit − shared) / per member."""
+  monkeypatch.setattr(AC, "memory_limit", lambda: (1000.0, "test"))
+  rows = [{"K": 1, "program": 130}, {"K": 16, "program": 130 + 15 * 60}]
+  k, how = AC.most_members(rows, cap=1024)
+  assert k == math.floor((1000 - 70) / 60) and "60 B per member" in how
+  assert AC.most_members(rows, cap=5)[0] == 5
+  assert AC.most_members(rows[:1], cap=5)[0] is None
+
+
+def test_rates_are_interpolated_in_k():
+  ctx = AC.Context(AC.TINY, AC.Budget(1), None, None, "jax")
+  ctx.rates = {("paper", "float32", "reference", 1): 10.0,
+               ("paper", "float32", "reference", 16): 100.0,
+               ("paper", "bfloat16", "cudnn", 16): 1e6}
+  assert AC.rate_for(ctx, "paper", 16) == (100.0, "K = 16")
+  rate, how = AC.rate_for(ctx, "paper", 6)
+  assert rate == pytest.approx(10 + 5 / 15 * 90) and how == "between K = 1 and 16"
+  assert AC.rate_for(ctx, "paper", 40) == (100.0, "K = 16")
+  assert AC.rate_for(ctx, "quick", 4) == (None, "none measured")
+
+
+# --------------------------------------------------------------------------- padding
+
+
+def _fused(q, k, v, m, pad_odd, causal=False, padding_mask=None):
+  return attention_lib._masked_attention_fused(q, k, v, m, None, None, causal,
+                                               padding_mask, None, "xla", pad_odd=pad_odd)
+
+
+@pytest.mark.parametrize("n", [7, 197])
+def test_padding_odd_tokens_changes_nothing(n):
+  """The cuDNN path's padding, run on XLA: the loss and every gradient (prior, q, k, v)
+  are those of the unpadded attention within float32 rounding (the hidden key adds an
+  exact 0 to each sum, which XLA may round in another order); a key left visible moves
+  them by ~1e-1."""
+  keys = jax.random.split(jax.random.key(n), 5)
+  q, k, v = (jax.random.normal(key, (2, n, 2, 8)) for key in keys[:3])
+  m_HNN = 3 * jax.random.normal(keys[3], (2, n, n))
+  w = jax.random.normal(keys[4], (2, n, 2, 8))
+  pad_BN = jnp.ones((2, n), bool).at[0, -2:].set(False)
+  for kwargs in ({}, {"causal": True}, {"padding_mask": pad_BN}):
+    def loss(args, pad_odd):
+      return jnp.sum(_fused(*args, pad_odd=pad_odd, **kwargs) * w)
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    want, got = grad((q, k, v, m_HNN), False), grad((q, k, v, m_HNN), True)
+    chex.assert_trees_all_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_pad_to_even_hides_the_extra_key_and_keeps_even_counts():
+  q = jnp.ones((3, 197, 2, 8))
+  bias = jnp.ones((3, 2, 197, 197))
+  q2, k2, v2, bias2, allowed = attention_lib._pad_to_even(q, q, q, bias, None)
+  assert q2.shape == k2.shape == v2.shape == (3, 198, 2, 8)
+  assert bias2.shape == (3, 2, 198, 198) and float(bias2[..., -1, :].sum()) == 0
+  allowed = np.broadcast_to(allowed, (3, 2, 198, 198))
+  assert not allowed[..., -1].any() and allowed[..., :-1].all()  # Every query sees the real keys.
+  mask = jnp.ones((3, 2, 197, 197), bool).at[:, :, 5, :].set(False)  # Row 5: no key.
+  allowed = attention_lib._pad_to_even(q, q, q, None, mask)[4]
+  assert not allowed[:, :, 5].any() and allowed[:, :, -1, :-1].all()
+  even = jnp.ones((3, 196, 2, 8))
+  assert attention_lib._pad_to_even(even, even, even, None, None)[0] is even
+  assert attention_lib._pad_to_even(q, q, q, None, None)[0] is q  # No bias: no rule.
+
+
+def test_cudnn_path_pads_before_jax_checks_the_token_count(monkeypatch):
+  """At trace time, without a GPU: jax's cuDNN attention refuses to train with a bias at
+  197 tokens; mpx's cuDNN path hands it 198 under the engine's vmap(value_and_grad)."""
+  from jax._src.cudnn import fused_attention_stablehlo as fused
+  for name in ("check_cudnn_version", "check_compute_capability",
+               "is_cuda_compute_capability_equal"):
+    if not hasattr(fused, name):
+      pytest.skip(f"jax's cuDNN attention has no {name} to stand in for a GPU")
+  monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91000)
+  monkeypatch.setattr(fused, "check_compute_capability", lambda capability: True)
+  monkeypatch.setattr(fused, "is_cuda_compute_capability_equal", lambda capability: False)
+  monkeypatch.setattr(attention_lib, "_check_cudnn", lambda q, k, v: None)  # "On a GPU."
+  n = 197
+  q_KBNHD = jnp.ones((2, 4, n, 3, 64), jnp.bfloat16)
+  m_KHNN = jnp.zeros((2, 3, n, n))
+
+  w_KBNHD = jnp.ones((2, 4, n, 3, 64))  # Per member, as the engine's output projection.
+
+  def step(pad_odd):
+    def loss(m_HNN, q, w):
+      return jnp.sum(w * attention_lib._masked_attention_fused(
+          q, q, q, m_HNN, None, None, False, None, None, "cudnn", pad_odd=pad_odd))
+    return jax.make_jaxpr(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1))))(
+        m_KHNN, q_KBNHD, w_KBNHD)
+
+  with pytest.raises(NotImplementedError, match="Unsupported sequence length Q 197"):
+    step(pad_odd=False)
+  jaxpr = step(pad_odd=None)  # The default: pad for cuDNN.
+  shapes = [tuple(v.aval.shape) for e in _equations(jaxpr.jaxpr)
+            if "dot_product_attention" in e.primitive.name for v in e.invars[:4]]
+  assert shapes and {s[1] for s in shapes[::4]} == {n + 1}  # q's tokens: 198.
+  assert {s[-2:] for s in shapes[3::4]} == {(n + 1, n + 1)}  # The bias: 198 × 198.
+
+
+def _equations(jaxpr):
+  for e in jaxpr.eqns:
+    yield e
+    for param in e.params.values():
+      inner = getattr(param, "jaxpr", param)
+      if hasattr(inner, "eqns"):
+        yield from _equations(inner)
+
+
+def test_the_most_members_are_checked_against_xla_before_they_run(monkeypatch):
+  """The most that fit is a linear estimate from two K; when XLA's plan of that K says
+  it does not fit, it is scaled down once and measured there instead."""
+  limit = 1000.0
+  program = lambda k: 40 + 60 * k + (500 if k > 12 else 0)  # Not linear past 12.
+
+  def measure(ctx, slot, k, dtype="float32", attention="reference"):
+    row = {"preset": "tiny", "precision, attention": f"{dtype}, {attention}", "K": k,
+           "program": program(k)}
+    return row | ({"note": "not run: too big"} if program(k) > limit else {"rate": 1.0})
+
+  monkeypatch.setattr(AC, "memory_limit", lambda: (limit, "test"))
+  monkeypatch.setattr(AC, "measure_boolean", measure)
+  sizes = AC.dataclasses.replace(AC.TINY, max_members=100)
+  args = AC.parse_args(["--tiny", "--no-cudnn"])
+  ctx = AC.Context(sizes, AC.Budget(600), None, args, "jax")
+  ctx.report = type("NoReport", (), {"write": lambda self: None})()
+  stage = {"facts": {}, "rows": [], "notes": []}
+  AC.stage_sweep(ctx, stage)
+  assert [(r["K"], "note" in r) for r in stage["rows"]] == [
+      (1, False), (2, False), (16, True), (10, False)]
+  assert ctx.most == 10 == int(16 * limit / program(16))
+  assert stage["facts"]["most members that fit (tiny)"].endswith("so 10")
