@@ -2,14 +2,14 @@
 # Runs COMMAND as N local processes joined by jax.distributed: a multi-host run on one machine,
 # on CPU devices, to try `mpx run ... --distributed` before renting a pod (and what the tests use).
 #
-#   bash launch/local.sh 2 -- mpx run boolean_gotu --preset tiny --out runs/local2
+#   bash launch/local.sh 2 -- mpx run boolean_gotu --preset tiny --out runs/local2 --resume=auto
 #
 # See usage() below, or `bash launch/local.sh --help`.
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: bash launch/local.sh N [--devices D] [--port P] [--grace S] [--dry-run] -- COMMAND...
+usage: bash launch/local.sh N [--devices D] [--port P] [--grace S] [--restarts R] [--dry-run] -- COMMAND...
 
 Runs COMMAND as N processes on this machine, joined by jax.distributed. Process i gets
 
@@ -24,16 +24,21 @@ process is given the same command line (the same --out: process 0 writes the fil
   --port P      coordinator port (default: a free port, picked by binding port 0)
   --grace S     when stopping, the processes get SIGTERM (mpx finishes its chunk and saves
                 a checkpoint), and SIGKILL if still running S seconds later (default 60)
+  --restarts R  when a process exits with status 143 (SIGTERM: mpx saved a checkpoint) or
+                137 (SIGKILL), the others are stopped and all N are started again with the
+                same command, at most R times (default 3; 0: never). Give mpx run
+                --resume=auto, so that the same command continues the run
   --dry-run     print each process's environment and command line instead of running them
   -h, --help    this text
 
 Each process's output (stdout and stderr) goes to the terminal, every line prefixed "[i] ".
 The script waits for all of them; when one fails it stops the others and exits with the
-failed process's status. Ctrl-C (or SIGTERM) stops them all the same way (exit 130 or 143;
-then continue with the same command and --resume); a second Ctrl-C kills them at once.
+failed process's status (after --restarts, for 143 and 137). Ctrl-C (or SIGTERM) stops them
+all the same way and is never restarted (exit 130 or 143; then run the same command again);
+a second Ctrl-C kills them at once.
 
 example:
-  bash launch/local.sh 2 -- mpx run boolean_gotu --preset tiny --out runs/local2
+  bash launch/local.sh 2 -- mpx run boolean_gotu --preset tiny --out runs/local2 --resume=auto
 EOF
 }
 
@@ -54,7 +59,7 @@ quote() {  # the arguments as one shell-quoted line (plain words stay unquoted)
   printf '%s\n' "${out# }"
 }
 
-num="" devices=2 port="" grace=60 dry_run=0 saw_command=0
+num="" devices=2 port="" grace=60 restarts=3 dry_run=0 saw_command=0
 while (($#)); do
   case $1 in
     -h | --help) usage; exit 0 ;;
@@ -64,6 +69,8 @@ while (($#)); do
     --port=*) port=${1#*=}; shift ;;
     --grace) (($# >= 2)) || die "--grace needs a value, e.g. --grace 10"; grace=$2; shift 2 ;;
     --grace=*) grace=${1#*=}; shift ;;
+    --restarts) (($# >= 2)) || die "--restarts needs a value, e.g. --restarts 3"; restarts=$2; shift 2 ;;
+    --restarts=*) restarts=${1#*=}; shift ;;
     --dry-run) dry_run=1; shift ;;
     --) saw_command=1; shift; break ;;
     -*) die "unknown option '$1' (see --help)" ;;
@@ -79,13 +86,21 @@ done
 [[ $num =~ ^[1-9][0-9]*$ ]] || die "N must be a positive integer, e.g. 2; got '$num'"
 [[ $devices =~ ^[1-9][0-9]*$ ]] || die "--devices must be a positive integer, e.g. 2; got '$devices'"
 [[ $grace =~ ^[0-9]+$ ]] || die "--grace must be a number of seconds, e.g. 10; got '$grace'"
+[[ $restarts =~ ^[0-9]+$ ]] || die "--restarts must be a whole number, e.g. 3; got '$restarts'"
 ((saw_command && $# > 0)) || die "missing '-- COMMAND...', e.g.: bash launch/local.sh $num -- mpx run boolean_gotu --preset tiny"
 
-if [[ -z $port ]]; then
-  python=$(command -v python3 || command -v python || true)
-  [[ -n $python ]] || die "no python3 on PATH to pick a free port; pass one, e.g. --port 12355"
-  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("localhost", 0)); print(s.getsockname()[1])')
-fi
+fixed_port=$port
+pick_port() {  # --port, or a free port (a new one for every start)
+  if [[ -n $fixed_port ]]; then
+    port=$fixed_port
+  else
+    local python
+    python=$(command -v python3 || command -v python || true)
+    [[ -n $python ]] || die "no python3 on PATH to pick a free port; pass one, e.g. --port 12355"
+    port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("localhost", 0)); print(s.getsockname()[1])')
+  fi
+}
+pick_port
 if ! [[ $port =~ ^[0-9]+$ ]] || ((port < 1 || port > 65535)); then
   die "--port must be 1..65535, e.g. 12355; got '$port'"
 fi
@@ -104,7 +119,7 @@ process_env() {  # the environment of process $1, as NAME=VALUE words
 }
 
 if ((dry_run)); then
-  echo "# local.sh: $num processes, coordinator localhost:$port, $devices CPU devices each"
+  echo "# local.sh: $num processes, coordinator localhost:$port, $devices CPU devices each; on exit status 143 or 137 all are started again, at most $restarts times"
   for ((i = 0; i < num; i++)); do
     env_words=()
     while IFS= read -r word; do env_words+=("$word"); done < <(process_env "$i")
@@ -119,7 +134,7 @@ else
   line_buffered=(-l)  # BSD sed (macOS)
 fi
 
-stopping=0 ticks_left=0 status=0 pids=() finished=() prefixers=()
+stopping=0 signalled=0 ticks_left=0 status=0 pids=() finished=() prefixers=()
 stop_all() {  # SIGTERM to every running process group; SIGKILL follows after --grace seconds
   local i
   if ((stopping)); then  # asked twice: SIGKILL now
@@ -138,6 +153,7 @@ on_signal() {
   else
     echo "local.sh: got $1, stopping all $num processes (SIGTERM; again: SIGKILL)" >&3
   fi
+  signalled=1
   ((status)) || status=$2
   stop_all
 }
@@ -149,48 +165,77 @@ trap 'rm -rf "$tmp"' EXIT
 trap 'on_signal SIGINT 130' INT
 trap 'on_signal SIGTERM 143' TERM
 
-# Each process is started as its own job (set -m: its own process group), so stopping it stops
-# whatever it started too; job control is off again for the rest (Ctrl-C then reaches this
-# script, whose trap stops the processes). A process's output goes through a FIFO to a sed
-# that prefixes its lines.
-set -m
-for ((i = 0; i < num; i++)); do
-  ((!stopping)) || break  # stopped (Ctrl-C) while starting
-  mkfifo "$tmp/$i"
-  sed "${line_buffered[@]}" "s/^/[$i] /" <"$tmp/$i" &
-  prefixers+=("$!")
-  env_words=()
-  while IFS= read -r word; do env_words+=("$word"); done < <(process_env "$i")
-  env "${env_words[@]}" "$@" >"$tmp/$i" 2>&1 </dev/null &
-  finished+=(0)
-  pids+=("$!")
+out=""  # the run folder, if the command names one (for the line below)
+for ((i = 1; i <= $#; i++)); do
+  case ${!i} in
+    --out=*) out=${!i#--out=} ;;
+    --out) next=$((i + 1)); out=${!next:-} ;;
+  esac
 done
-set +m
+echo "local.sh: $num processes x $devices CPU devices$([[ -z $out ]] || echo ", run folder $out"); restarts on exit status 143 or 137: at most $restarts" >&3
 
-remaining=${#pids[@]}
-while ((remaining > 0)); do
-  for ((i = 0; i < ${#pids[@]}; i++)); do
-    ((finished[i])) && continue
-    kill -0 "${pids[i]}" 2>/dev/null && continue
-    rc=0
-    wait "${pids[i]}" 2>/dev/null || rc=$?
-    finished[i]=1
-    remaining=$((remaining - 1))
-    if ((rc != 0 && status == 0)); then
-      status=$rc
-      echo "local.sh: process $i exited with status $rc; stopping the others" >&3
-      stop_all
-    fi
+start_all() {  # $1: the start's number; all N processes, with their output prefixed
+  # Each process is started as its own job (set -m: its own process group), so stopping it
+  # stops whatever it started too; job control is off again for the rest (Ctrl-C then
+  # reaches this script, whose trap stops the processes). A process's output goes through a
+  # FIFO to a sed that prefixes its lines.
+  local i env_words word
+  set -m
+  for ((i = 0; i < num; i++)); do
+    ((!stopping)) || break  # stopped (Ctrl-C) while starting
+    mkfifo "$tmp/$1-$i"
+    sed "${line_buffered[@]}" "s/^/[$i] /" <"$tmp/$1-$i" &
+    prefixers+=("$!")
+    env_words=()
+    while IFS= read -r word; do env_words+=("$word"); done < <(process_env "$i")
+    env "${env_words[@]}" "${command[@]}" >"$tmp/$1-$i" 2>&1 </dev/null &
+    finished+=(0)
+    pids+=("$!")
   done
-  ((remaining > 0)) || break
-  if ((stopping && ticks_left-- == 0)); then
+  set +m
+}
+
+wait_all() {  # until every process has ended; the first failure stops the others
+  local remaining=${#pids[@]} i rc
+  while ((remaining > 0)); do
     for ((i = 0; i < ${#pids[@]}; i++)); do
       ((finished[i])) && continue
-      echo "local.sh: process $i still running after SIGTERM; sending SIGKILL" >&3
-      kill -KILL -- "-${pids[i]}" 2>/dev/null || true
+      kill -0 "${pids[i]}" 2>/dev/null && continue
+      rc=0
+      wait "${pids[i]}" 2>/dev/null || rc=$?
+      finished[i]=1
+      remaining=$((remaining - 1))
+      if ((rc != 0 && status == 0)); then
+        status=$rc
+        echo "local.sh: process $i exited with status $rc; stopping the others" >&3
+        stop_all
+      fi
     done
+    ((remaining > 0)) || break
+    if ((stopping && ticks_left-- == 0)); then
+      for ((i = 0; i < ${#pids[@]}; i++)); do
+        ((finished[i])) && continue
+        echo "local.sh: process $i still running after SIGTERM; sending SIGKILL" >&3
+        kill -KILL -- "-${pids[i]}" 2>/dev/null || true
+      done
+    fi
+    sleep 0.2
+  done 2>/dev/null
+  wait "${prefixers[@]}" 2>/dev/null || true
+}
+
+command=("$@")
+for ((start = 0; ; start++)); do
+  start_all "$start"
+  wait_all
+  if ((status != 143 && status != 137 || signalled || start >= restarts)); then
+    break
   fi
-  sleep 0.2
-done 2>/dev/null
-wait "${prefixers[@]}" 2>/dev/null || true
+  echo "local.sh: restart $((start + 1)) of at most $restarts after exit status $status (143: SIGTERM, checkpoint saved; 137: killed): the same command again" >&3
+  stopping=0 status=0 pids=() finished=() prefixers=()
+  pick_port
+done
+if ((status == 143 || status == 137)) && ((!signalled && restarts > 0)); then
+  echo "local.sh: stopped with status $status after $restarts restarts (--restarts); run the same command again to continue" >&3
+fi
 exit "$status"

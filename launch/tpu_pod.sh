@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # A Cloud TPU VM slice for `mpx run ... --distributed`: create it, install mpx on every worker,
-# run on all workers at once (the run directory in a bucket, mounted on every worker with
-# Cloud Storage FUSE), copy the run directory back, delete it.
+# start the run detached on every worker (the run folder in a bucket, mounted on every worker
+# with Cloud Storage FUSE), follow it, re-create a preempted slice and restart until the run
+# is done, copy the run folder back, delete the slice.
 #
 #   export TPU_NAME=mpx-v4-32 ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 PROJECT=my-project \
 #          MPX_OUT=gs://my-bucket/mpx/boolean_paper
-#   bash launch/tpu_pod.sh all -- boolean_gotu --preset paper
+#   bash launch/tpu_pod.sh watch -- boolean_gotu --preset paper
 #   bash launch/tpu_pod.sh delete
 #
 # See usage() below, or `bash launch/tpu_pod.sh --help`.
@@ -13,48 +14,83 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: bash launch/tpu_pod.sh [--dry-run] [--quiet] SUBCOMMAND [-- EXPERIMENT [MPX RUN ARGS...]]
+usage: bash launch/tpu_pod.sh [OPTIONS] SUBCOMMAND [-- EXPERIMENT [MPX RUN ARGS...]]
 
-subcommands (each is one step; `all` never deletes):
-  create    gcloud compute tpus tpu-vm create TPU_NAME (ACCELERATOR_TYPE, TPU_VERSION)
+subcommands:
+  create    the slice: gcloud compute tpus tpu-vm create TPU_NAME (ACCELERATOR_TYPE,
+            TPU_VERSION, --spot with TPU_SPOT=1), or with TPU_QUEUED=1 a queued resource
+            of that name (gcloud compute tpus queued-resources create), waited for until
+            ACTIVE
   install   on every worker: gcsfuse (Cloud Storage FUSE, from its apt repository; skipped
-            where it is installed) and a Python 3.12 venv ~/mpx-venv (made with uv: the TPU
-            images have Python 3.10, mpx needs 3.11+) with "jax[tpu]" and mpx. mpx comes from
-            this checkout, copied to the workers as a tarball (uncommitted changes included),
-            or, when MPX_REPO is set, from `pip install git+$MPX_REPO` on each worker
-  run       on every worker at once: mount the bucket of MPX_OUT=gs://BUCKET/PATH at
-            /mnt/gcs/BUCKET (gcsfuse; skipped where it is mounted), then
-            ~/mpx-venv/bin/mpx run EXPERIMENT [ARGS...] --distributed --out /mnt/gcs/BUCKET/PATH
-            (mpx writes its run directory through the filesystem, so every worker must see
-            the same directory: the mount gives them the bucket's; JAX finds the slice's
-            workers itself; process 0 writes every file)
+            where it is installed) and a Python 3.12 venv ~/mpx-venv (made with uv) with
+            "jax[tpu]==V", V the jax version of MPX_PYTHON here, and mpx, every dependency
+            pinned to the version MPX_PYTHON's environment has (launch/tpu_constraints.py
+            writes the constraints file; platform-specific wheels such as jaxlib and CUDA's
+            are left to the workers). Skipped on a worker where nothing changed since its
+            last install (the constraints, the requirements, mpx's source). mpx comes from
+            this checkout, copied as a tarball (uncommitted changes included), or from
+            `pip install git+$MPX_REPO` when MPX_REPO is set
+  run       start the run on every worker, detached, and return:
+              ~/mpx-venv/bin/mpx run EXPERIMENT [ARGS...] --distributed
+                --out /mnt/gcs/BUCKET/PATH --resume=auto
+            after mounting the bucket of MPX_OUT=gs://BUCKET/PATH at /mnt/gcs/BUCKET
+            (gcsfuse; skipped where it is mounted). --resume=auto: the same command starts
+            the run and continues it after any stop. Each worker logs to
+            ~/mpx-jobs/STAMP/worker-N.log (N: the worker's number, as --worker=N names it),
+            copied to MPX_OUT/logs/STAMP/ every MPX_LOG_SYNC seconds and at the end
+  status    the slice's state and, on every worker, the job's: running, exited CODE
+            (0 done, 143 preempted and saved, see launch/README.md), killed, or no job
+  logs      the last lines of every worker's log (--worker N: one worker's; --lines N;
+            --follow)
+  stop      SIGTERM to the job on every worker (mpx saves a checkpoint and exits 143),
+            SIGKILL after --grace seconds
+  watch     until the run is done: create the slice if it is missing, install and run; then
+            every --interval seconds check the slice and the job; a preempted or vanished
+            slice is deleted, created, installed and run again (a failed create is tried
+            again), a job that stopped with 143 (preempted) or 137 (killed) is run again,
+            at most --max-restarts times in all (then exit 4); when every worker exited 0,
+            fetch. A job that failed otherwise (1 failed,
+            2 error, 3 refused) ends the watch with its status. Run it where it outlives
+            your terminal: `nohup bash launch/tpu_pod.sh watch -- ... > watch.log 2>&1 &`
+            on a small VM (or in tmux there)
   fetch     gcloud storage cp --recursive gs://BUCKET/PATH $MPX_FETCH_DIR/ (from this machine)
-  delete    gcloud compute tpus tpu-vm delete TPU_NAME (gcloud asks to confirm; --quiet
-            does not ask)
-  all       create, install, run, fetch
+  delete    the slice (and its queued resource with TPU_QUEUED=1); gcloud asks to confirm
+            (--quiet does not ask)
+  all       create, install, run (detached; then status, logs, watch or fetch)
 
 options:
-  --dry-run    print every command (gcloud and local) instead of running it
-  --quiet      with delete: pass --quiet to gcloud, deleting without asking
-  -h, --help   this text
+  --dry-run           print every command (gcloud and local) instead of running it
+  --quiet             with delete: pass --quiet to gcloud, deleting without asking
+  --worker N          with logs: only worker N's
+  --lines N           with logs: the last N lines (default 100)
+  --follow            with logs: keep printing what comes (Ctrl-C to end)
+  --grace S           with stop and watch: seconds between SIGTERM and SIGKILL (default 120)
+  --interval S        with watch and create: seconds between checks (default 120)
+  --max-restarts N    with watch: re-creations and restarts in all (default 10)
+  -h, --help          this text
 
 environment (required where a subcommand needs it):
   TPU_NAME          name of the slice, e.g. TPU_NAME=mpx-v4-32
   ZONE              zone with that accelerator type, e.g. ZONE=us-central2-b
   ACCELERATOR_TYPE  (create) e.g. ACCELERATOR_TYPE=v4-32 (16 chips on 4 workers)
   PROJECT           e.g. PROJECT=my-project (default: gcloud config get-value project)
-  MPX_OUT           (run, fetch) the run directory in a bucket the workers can write,
+  MPX_OUT           (run, fetch, watch) the run folder in a bucket the workers can write,
                     gs://BUCKET/PATH, e.g. MPX_OUT=gs://my-bucket/mpx/boolean_paper (the
                     workers see it as /mnt/gcs/my-bucket/mpx/boolean_paper)
 optional:
   TPU_VERSION       the TPU software version (default from ACCELERATOR_TYPE: v4 and older
                     tpu-ubuntu2204-base, v5e v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5, v6e
                     v2-alpha-tpuv6e)
-  TPU_SPOT=1        (create) a Spot slice: cheaper, can be preempted (then delete it, create
-                    it again and `run` with --resume)
+  TPU_SPOT=1        (create) a Spot slice: cheaper, can be preempted (watch re-creates it)
+  TPU_QUEUED=1      (create, delete, watch) through a queued resource named TPU_NAME: the
+                    request waits in a queue until capacity is there
+  MPX_PYTHON        (install) the Python of the environment you run mpx in here, whose jax
+                    version and dependency versions the workers get (default: python3)
   MPX_REPO          install mpx with pip install git+$MPX_REPO instead of copying this
                     checkout, e.g. MPX_REPO=https://github.com/you/mpx.git@main
   MPX_EXTRAS        extras of mpx to install, e.g. MPX_EXTRAS=vision (for TFDS datasets)
+  MPX_LOG_SYNC      (run) seconds between the copies of the workers' logs to MPX_OUT/logs
+                    (default 60)
   MPX_FETCH_DIR     (fetch) local directory to copy the run into (default: runs)
   TFDS_DATA_DIR     (run) passed on to every worker; a dataset in MPX_OUT's bucket is under
                     its mount, e.g. TFDS_DATA_DIR=/mnt/gcs/my-bucket/tensorflow_datasets
@@ -62,7 +98,7 @@ optional:
 
 examples:
   bash launch/tpu_pod.sh --dry-run all -- boolean_gotu --preset paper
-  bash launch/tpu_pod.sh run -- boolean_gotu --preset paper --resume
+  bash launch/tpu_pod.sh logs --worker 0 --follow
 EOF
 }
 
@@ -83,12 +119,31 @@ quote() {  # the arguments as one shell-quoted line (plain words stay unquoted)
   printf '%s\n' "${out# }"
 }
 
-dry_run=0 quiet=0 subcommand="" saw_args=0
+number() {  # $1 option, $2 value: a whole number, or a clear error
+  [[ $2 =~ ^[0-9]+$ ]] || die "$1 needs a whole number, e.g. $1 10; got '$2'"
+}
+
+dry_run=0 quiet=0 subcommand="" saw_args=0 worker="" lines=100 follow=0 grace=120
+interval=120 max_restarts=10 given=()
 while (($#)); do
   case $1 in
     -h | --help) usage; exit 0 ;;
     --dry-run) dry_run=1; shift ;;
-    --quiet) quiet=1; shift ;;
+    --quiet) quiet=1; given+=(--quiet); shift ;;
+    --follow) follow=1; given+=(--follow); shift ;;
+    --worker | --lines | --grace | --interval | --max-restarts)
+      (($# >= 2)) || die "$1 needs a value (see --help)"
+      number "$1" "$2"
+      case $1 in
+        --worker) worker=$2 ;;
+        --lines) lines=$2 ;;
+        --grace) grace=$2 ;;
+        --interval) interval=$2 ;;
+        --max-restarts) max_restarts=$2 ;;
+      esac
+      given+=("$1")
+      shift 2
+      ;;
     --) saw_args=1; shift; break ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *)
@@ -99,35 +154,43 @@ while (($#)); do
   esac
 done
 
+subcommands="create, install, run, status, logs, stop, watch, fetch, delete or all"
 case $subcommand in
-  create | install | fetch | delete)
+  create | install | status | logs | stop | fetch | delete)
     ((!saw_args)) || die "$subcommand takes no arguments after --" ;;
-  run | all)
+  run | all | watch)
     ((saw_args && $# > 0)) || die "$subcommand needs mpx run's arguments, e.g.: bash launch/tpu_pod.sh $subcommand -- boolean_gotu --preset paper"
     for arg in "$@"; do
       case $arg in
-        --out | --out=*) die "give the run directory as MPX_OUT (e.g. MPX_OUT=gs://my-bucket/mpx/boolean_paper), not $arg" ;;
+        --out | --out=*) die "give the run folder as MPX_OUT (e.g. MPX_OUT=gs://my-bucket/mpx/boolean_paper), not $arg" ;;
         --distributed) die "--distributed is added by this script; leave it out of the arguments" ;;
+        --resume | --resume=*) die "--resume=auto is added by this script (the same command starts and continues the run); leave $arg out" ;;
       esac
     done
     ;;
-  "") die "missing the subcommand (create, install, run, fetch, delete or all); see --help" ;;
-  *) die "unknown subcommand '$subcommand' (create, install, run, fetch, delete or all)" ;;
+  "") die "missing the subcommand ($subcommands); see --help" ;;
+  *) die "unknown subcommand '$subcommand' ($subcommands)" ;;
 esac
-((!quiet)) || [[ $subcommand == delete ]] || die "--quiet is only for delete"
+for option in ${given[@]+"${given[@]}"}; do
+  case $option:$subcommand in
+    --quiet:delete | --worker:logs | --lines:logs | --follow:logs | --grace:stop | --grace:watch \
+      | --interval:watch | --interval:create | --interval:all | --max-restarts:watch) ;;
+    *) die "$option does not apply to $subcommand (see --help)" ;;
+  esac
+done
 
 # The variables the steps need, all checked before the first step runs.
 case $subcommand in
-  create) steps=(create) ;;
-  all) steps=(create install run fetch) ;;
+  all) steps=(create install run) ;;
   *) steps=("$subcommand") ;;
 esac
 needed=()
 for step in "${steps[@]}"; do
   case $step in
     create) needed+=(TPU_NAME ZONE ACCELERATOR_TYPE PROJECT) ;;
-    install | delete) needed+=(TPU_NAME ZONE PROJECT) ;;
+    install | delete | status | logs | stop) needed+=(TPU_NAME ZONE PROJECT) ;;
     run) needed+=(TPU_NAME ZONE PROJECT MPX_OUT) ;;
+    watch) needed+=(TPU_NAME ZONE ACCELERATOR_TYPE PROJECT MPX_OUT) ;;
     fetch) needed+=(MPX_OUT) ;;
   esac
 done
@@ -145,7 +208,7 @@ example() {
     ZONE) echo "a zone with that accelerator type, e.g. export ZONE=us-central2-b" ;;
     ACCELERATOR_TYPE) echo "the slice type, e.g. export ACCELERATOR_TYPE=v4-32" ;;
     PROJECT) echo "the Google Cloud project, e.g. export PROJECT=my-project (or gcloud config set project my-project)" ;;
-    MPX_OUT) echo "the run directory in a bucket, gs://BUCKET/PATH, e.g. export MPX_OUT=gs://my-bucket/mpx/boolean_paper" ;;
+    MPX_OUT) echo "the run folder in a bucket, gs://BUCKET/PATH, e.g. export MPX_OUT=gs://my-bucket/mpx/boolean_paper" ;;
   esac
 }
 missing=0
@@ -159,7 +222,7 @@ done
 # MPX_OUT=gs://BUCKET/PATH: the workers mount BUCKET at /mnt/gcs/BUCKET and write to PATH in it.
 gs_out='^gs://([^/]+)/+(.*[^/])/*$'
 if needs MPX_OUT; then
-  [[ $MPX_OUT =~ $gs_out ]] || die "MPX_OUT must be a directory in a bucket, gs://BUCKET/PATH, e.g. export MPX_OUT=gs://my-bucket/mpx/boolean_paper; got '$MPX_OUT'"
+  [[ $MPX_OUT =~ $gs_out ]] || die "MPX_OUT must be a folder in a bucket, gs://BUCKET/PATH, e.g. export MPX_OUT=gs://my-bucket/mpx/boolean_paper; got '$MPX_OUT'"
   bucket=${BASH_REMATCH[1]} out_path=${BASH_REMATCH[2]}
   mount_dir=/mnt/gcs/$bucket
 fi
@@ -172,6 +235,15 @@ if needs ACCELERATOR_TYPE && [[ -z ${TPU_VERSION:-} ]]; then
     *) die "no default TPU_VERSION for ACCELERATOR_TYPE=$ACCELERATOR_TYPE; set it, e.g. export TPU_VERSION=tpu-ubuntu2204-base" ;;
   esac
 fi
+for flag in TPU_SPOT TPU_QUEUED; do
+  case ${!flag:-0} in
+    0 | 1) ;;
+    *) die "$flag must be 0 or 1, e.g. export $flag=1; got '${!flag}'" ;;
+  esac
+done
+queued=${TPU_QUEUED:-0}
+log_sync=${MPX_LOG_SYNC:-60}
+[[ $log_sync =~ ^[1-9][0-9]*$ ]] || die "MPX_LOG_SYNC must be a number of seconds, e.g. export MPX_LOG_SYNC=60; got '$log_sync'"
 if ((!dry_run)) && ! command -v gcloud >/dev/null; then
   die "gcloud is not on PATH: install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install) and run gcloud auth login"
 fi
@@ -185,72 +257,133 @@ do_cmd() {  # prints the command; runs it unless --dry-run
   fi
 }
 
+say() {  # a line for the user (stderr; the dry run's stdout holds only commands)
+  echo "tpu_pod.sh: $*" >&2
+}
+
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-tarball=$repo/build/tpu_pod/mpx-src.tar.gz
+helper_copied=0  # launch/tpu_worker.sh, as ~/mpx-worker.sh on every worker
+build=$repo/build/tpu_pod
 location=(--zone="${ZONE:-}" --project="${PROJECT:-}")
 tpu_vm=(gcloud compute tpus tpu-vm)
+queued_resources=(gcloud compute tpus queued-resources)
+describe_node=("${tpu_vm[@]}" describe "${TPU_NAME:-}" "${location[@]}" '--format=value(state)')
+describe_queued=("${queued_resources[@]}" describe "${TPU_NAME:-}" "${location[@]}"
+                 '--format=value(state.state)')
+
+# The ~ in the commands for the workers is expanded there, by the worker's shell.
+# shellcheck disable=SC2088
+worker_cmd() {  # a command for the workers: mpx-worker.sh SUBCOMMAND ARGS, where it is there
+  echo "if [ -f ~/mpx-worker.sh ]; then bash ~/mpx-worker.sh $(quote "$@"); else echo \"\$(hostname): no job\"; fi"
+}
+
+on_workers() {  # $1: all or a worker's number, $2: the command
+  do_cmd "${tpu_vm[@]}" ssh "$TPU_NAME" "${location[@]}" --worker="$1" --command "$2"
+}
 
 step_create() {
   local spot=()
   [[ ${TPU_SPOT:-0} != 1 ]] || spot=(--spot)
-  do_cmd "${tpu_vm[@]}" create "$TPU_NAME" "${location[@]}" --accelerator-type="$ACCELERATOR_TYPE" \
-    --version="$TPU_VERSION" ${spot[@]+"${spot[@]}"}
+  if ((!queued)); then
+    do_cmd "${tpu_vm[@]}" create "$TPU_NAME" "${location[@]}" --accelerator-type="$ACCELERATOR_TYPE" \
+      --version="$TPU_VERSION" ${spot[@]+"${spot[@]}"}
+    return
+  fi
+  do_cmd "${queued_resources[@]}" create "$TPU_NAME" --node-id="$TPU_NAME" "${location[@]}" \
+    --accelerator-type="$ACCELERATOR_TYPE" --runtime-version="$TPU_VERSION" ${spot[@]+"${spot[@]}"}
+  if ((dry_run)); then
+    echo "# then every $interval s, until it prints ACTIVE:"
+    quote "${describe_queued[@]}"
+    return
+  fi
+  local state
+  while :; do
+    state=$("${describe_queued[@]}")
+    case $state in
+      ACTIVE) say "the queued resource $TPU_NAME is ACTIVE"; return ;;
+      FAILED | SUSPENDED) die "the queued resource $TPU_NAME is $state: $(quote "${queued_resources[@]}" describe "$TPU_NAME" "${location[@]}") says why; delete it (bash launch/tpu_pod.sh delete) and create it again" ;;
+    esac
+    say "the queued resource $TPU_NAME is ${state:-(no state yet)}; checking again in $interval s"
+    sleep "$interval"
+  done
 }
 
-# The ~ in the commands for the workers is expanded there, by the worker's shell.
 # shellcheck disable=SC2088
 step_install() {
-  local spec extras=""
+  local python=${MPX_PYTHON:-python3} jax_version spec extras=""
+  jax_version=$("$python" -c 'import importlib.metadata as m; print(m.version("jax"))' 2>/dev/null) \
+    || die "MPX_PYTHON=$python has no jax: set MPX_PYTHON to the Python of the environment you run mpx in here, e.g. export MPX_PYTHON=.venv/bin/python (the workers get its jax version)"
   [[ -z ${MPX_EXTRAS:-} ]] || extras="[$MPX_EXTRAS]"
+  local files=("$build/mpx-constraints.txt" "$build/mpx-worker.sh") script=()
+  do_cmd mkdir -p "$build"
+  do_cmd "$python" "$repo/launch/tpu_constraints.py" --out "$build/mpx-constraints.txt"
+  do_cmd cp "$repo/launch/tpu_worker.sh" "$build/mpx-worker.sh"
   if [[ -n ${MPX_REPO:-} ]]; then
-    spec="mpx$extras @ git+${MPX_REPO#git+}"
+    [[ $MPX_REPO != *[\"\$\`\ ]* ]] || die "MPX_REPO holds a space, quote, \$ or backquote; give the plain URL, e.g. MPX_REPO=https://github.com/you/mpx.git@main"
+    spec="\"mpx$extras @ git+${MPX_REPO#git+}\""
   else
-    spec="\$HOME/mpx-src$extras"
-    do_cmd mkdir -p "$(dirname "$tarball")"
-    do_cmd tar -czf "$tarball" --exclude=./.git --exclude='./.venv*' --exclude=./build \
+    spec="\"\$HOME/mpx-src$extras\""
+    do_cmd tar -czf "$build/mpx-src.tar.gz" --exclude=./.git --exclude='./.venv*' --exclude=./build \
       --exclude=./dist --exclude=./runs --exclude='*.egg-info' --exclude=__pycache__ \
       --exclude=.pytest_cache -C "$repo" .
-    do_cmd "${tpu_vm[@]}" scp "$tarball" "$TPU_NAME:mpx-src.tar.gz" --worker=all "${location[@]}"
+    files+=("$build/mpx-src.tar.gz")
+    script+=('rm -rf ~/mpx-src && mkdir ~/mpx-src && tar -xzf ~/mpx-src.tar.gz -C ~/mpx-src')
   fi
-  # gcsfuse from Google's apt repository (the TPU images are Ubuntu), unless it is installed.
-  # The lock timeout: a fresh VM may still be running its own apt (unattended-upgrades).
-  local key=/usr/share/keyrings/cloud.google.asc apt='sudo apt-get -o DPkg::Lock::Timeout=300'
-  local gcsfuse="if ! command -v gcsfuse >/dev/null; then"
-  gcsfuse+=" echo \"deb [signed-by=$key] https://packages.cloud.google.com/apt"
-  gcsfuse+=" gcsfuse-\$(lsb_release -c -s) main\" | sudo tee /etc/apt/sources.list.d/gcsfuse.list"
-  gcsfuse+=" >/dev/null; curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg"
-  gcsfuse+=" | sudo tee $key >/dev/null; $apt update -qq; $apt install -y -qq gcsfuse; fi"
-  local script=(
-    "$gcsfuse"
-    'python3 -m pip install --quiet --user --upgrade uv'
-    'rm -rf ~/mpx-venv'
-    '~/.local/bin/uv venv --quiet --python 3.12 ~/mpx-venv'
-    "~/.local/bin/uv pip install --quiet --python ~/mpx-venv/bin/python \"jax[tpu]\" \"$spec\""
-    '~/mpx-venv/bin/python -c "import socket, jax, mpx; print(socket.gethostname(), \"mpx\", mpx.__version__, \"jax\", jax.__version__)"'
-  )
-  [[ -n ${MPX_REPO:-} ]] || script=(
-    'rm -rf ~/mpx-src && mkdir ~/mpx-src && tar -xzf ~/mpx-src.tar.gz -C ~/mpx-src'
-    "${script[@]}")
+  do_cmd "${tpu_vm[@]}" scp "${files[@]}" "$TPU_NAME:~/" --worker=all "${location[@]}"
+  helper_copied=1
+  script+=("bash ~/mpx-worker.sh install \"jax[tpu]==$jax_version\" $spec")
   local joined="set -e" line
   for line in "${script[@]}"; do joined+="; $line"; done
-  do_cmd "${tpu_vm[@]}" ssh "$TPU_NAME" "${location[@]}" --worker=all --command "$joined"
+  on_workers all "$joined"
 }
 
-# mpx writes its run directory with plain filesystem calls, so the bucket is mounted on every
-# worker (Cloud Storage FUSE) and the run goes to the mount. --rename-dir-limit: Orbax renames
-# a finished checkpoint's temporary directory, which gcsfuse refuses on a flat bucket without
-# it (a bucket with hierarchical namespace renames folders natively).
+last_stamp=""
+stamp() {  # the run's start, the same for every worker: its log folder's name (one a second)
+  local stamp
+  stamp=$(date -u +%Y%m%dT%H%M%SZ)
+  while [[ $stamp == "$last_stamp" ]]; do
+    sleep 1
+    stamp=$(date -u +%Y%m%dT%H%M%SZ)
+  done
+  echo "$stamp"
+}
+
 # shellcheck disable=SC2088
 step_run() {  # (quote leaves a word that starts with ~/ unquoted, for the worker's shell)
-  local command=("~/mpx-venv/bin/mpx" run "$@" --distributed --out "$mount_dir/$out_path")
+  local stamp out=$mount_dir/$out_path
+  stamp=$(stamp)
+  last_stamp=$stamp
+  local command=("~/mpx-venv/bin/mpx" run "$@" --distributed --out "$out" --resume=auto)
   [[ -z ${TFDS_DATA_DIR:-} ]] || command=(env "TFDS_DATA_DIR=$TFDS_DATA_DIR" "${command[@]}")
-  # shellcheck disable=SC2016 # (the worker's shell expands it)
-  local dir owner='"$(id -u):$(id -g)"'
-  dir=$(quote "$mount_dir")
-  local mount="if ! mountpoint -q $dir; then sudo mkdir -p $dir; sudo chown $owner $dir;"
-  mount+=" gcsfuse --implicit-dirs --rename-dir-limit=100000 $(quote "$bucket") $dir; fi"
-  do_cmd "${tpu_vm[@]}" ssh "$TPU_NAME" "${location[@]}" --worker=all \
-    --command "set -e; $mount; $(quote "${command[@]}")"
+  say "run on every worker of $TPU_NAME, detached: $(quote "${command[@]}")"
+  say "run folder $MPX_OUT ($out on the workers); logs ~/mpx-jobs/$stamp/worker-N.log on worker N, copied to $MPX_OUT/logs/$stamp/ every $log_sync s"
+  say "mpx prints the members, the devices per host and the padding rows first: bash launch/tpu_pod.sh logs --worker 0"
+  if ((!helper_copied)); then  # install copied it already
+    do_cmd mkdir -p "$build"
+    do_cmd cp "$repo/launch/tpu_worker.sh" "$build/mpx-worker.sh"
+    do_cmd "${tpu_vm[@]}" scp "$build/mpx-worker.sh" "$TPU_NAME:~/" --worker=all "${location[@]}"
+    helper_copied=1
+  fi
+  on_workers all "env MPX_LOG_SYNC=$log_sync bash ~/mpx-worker.sh start $(quote "$bucket" \
+    "$mount_dir" "$out/logs/$stamp" "$stamp" --) $(quote "${command[@]}")"
+}
+
+step_status() {
+  if ((queued)); then
+    do_cmd "${describe_queued[@]}" || true
+  fi
+  do_cmd "${describe_node[@]}" || true
+  on_workers all "$(worker_cmd status)"
+}
+
+step_logs() {
+  local args=(logs "$lines")
+  ((!follow)) || args+=(--follow)
+  on_workers "${worker:-all}" "$(worker_cmd "${args[@]}")"
+}
+
+step_stop() {
+  on_workers all "$(worker_cmd stop "$grace")"
 }
 
 step_fetch() {
@@ -259,15 +392,175 @@ step_fetch() {
   do_cmd gcloud storage cp --recursive "gs://$bucket/$out_path" "$into/"
 }
 
-step_delete() {
+step_delete() {  # $1: --quiet (watch), or nothing: as the command line says
   local yes=()
-  ((!quiet)) || yes=(--quiet)
-  do_cmd "${tpu_vm[@]}" delete "$TPU_NAME" "${location[@]}" ${yes[@]+"${yes[@]}"}
+  ((!quiet)) && [[ ${1:-} != --quiet ]] || yes=(--quiet)
+  if ((queued)); then  # --force: the node too
+    do_cmd "${queued_resources[@]}" delete "$TPU_NAME" "${location[@]}" --force ${yes[@]+"${yes[@]}"}
+  else
+    do_cmd "${tpu_vm[@]}" delete "$TPU_NAME" "${location[@]}" ${yes[@]+"${yes[@]}"}
+  fi
+}
+
+# --- watch ----------------------------------------------------------------------------------
+
+slice_state() {  # ready, pending, gone (preempted, terminated, ...), absent or unknown
+  local describe=("${describe_node[@]}") out err rc=0
+  ((!queued)) || describe=("${describe_queued[@]}")
+  err=$(mktemp)
+  out=$("${describe[@]}" 2>"$err") || rc=$?
+  if ((rc != 0)); then
+    if grep -q NOT_FOUND "$err"; then echo absent; else echo "unknown $(tr '\n' ' ' <"$err")"; fi
+    rm -f "$err"
+    return
+  fi
+  rm -f "$err"
+  case $out in
+    READY) echo ready ;;
+    ACTIVE)  # the queued resource is; its node must be READY too
+      out=$("${describe_node[@]}" 2>/dev/null || true)
+      if [[ $out == READY ]]; then echo ready; else echo "pending node ${out:-(none)}"; fi ;;
+    CREATING | STARTING | RESTARTING | REPAIRING | REIMAGING | ACCEPTED | WAITING_FOR_RESOURCES \
+      | PROVISIONING) echo "pending $out" ;;
+    *) echo "gone $out" ;;  # PREEMPTED, TERMINATED, STOPPED, SUSPENDED, FAILED, DELETING, ...
+  esac
+}
+
+job_state() {  # from every worker's status line: running, done, restart, none, failed CODE, unknown
+  local out rc=0
+  out=$("${tpu_vm[@]}" ssh "$TPU_NAME" "${location[@]}" --worker=all --command "$(worker_cmd status)" 2>&1) || rc=$?
+  local states
+  states=$(grep -oE ': (running|exited [0-9]+|killed|no job)' <<<"$out" | sed 's/^: //' || true)
+  if ((rc != 0)) || [[ -z $states ]]; then
+    echo "unknown"
+    return
+  fi
+  local failed
+  failed=$(grep -oE '^exited [0-9]+$' <<<"$states" | grep -vE ' (0|137|143)$' | head -n 1 | cut -d' ' -f2 || true)
+  if grep -qE '^(killed|exited 137|exited 143)$' <<<"$states"; then
+    echo restart  # a preempted or killed process explains its peers' failures
+  elif [[ -n $failed ]]; then
+    echo "failed $failed"
+  elif grep -q '^no job$' <<<"$states"; then
+    echo none
+  elif grep -q '^running' <<<"$states"; then
+    echo running
+  else
+    echo "done"
+  fi
+}
+
+step_watch() {
+  if ((dry_run)); then
+    echo "# watch: every $interval s the slice's state, then the job's on every worker; at most $max_restarts restarts in all"
+    quote "${describe_node[@]}"
+    ((!queued)) || quote "${describe_queued[@]}"
+    quote "${tpu_vm[@]}" ssh "$TPU_NAME" "${location[@]}" --worker=all --command "$(worker_cmd status)"
+    echo "# a missing, preempted or terminated slice: delete (if there), create, install, run"
+    step_delete --quiet
+    step_create
+    step_install
+    step_run "$@"
+    echo "# no job on a worker: install, run"
+    echo "# the job stopped by a preemption (143) or killed (137) on a worker: stop, run"
+    step_stop
+    step_run "$@"
+    echo "# every worker exited 0: fetch"
+    step_fetch
+    return
+  fi
+  say "watching $TPU_NAME every $interval s until the run in $MPX_OUT is done (at most $max_restarts restarts); this process must outlive your terminal: run it with nohup or in tmux, on a small VM"
+  local restarts=0 unknown=0 started=0 state job
+  again() {  # this script's subcommand $@, in a process of its own: its status, not an exit
+    PROJECT=$PROJECT bash "${BASH_SOURCE[0]}" "$@"
+  }
+  restart() {  # $1: why
+    restarts=$((restarts + 1))
+    if ((restarts > max_restarts)); then
+      say "$1, and $max_restarts restarts are done (--max-restarts): stopping here. The run folder keeps every checkpoint; see the logs (bash launch/tpu_pod.sh logs, or $MPX_OUT/logs/), then run watch again to continue"
+      exit 4
+    fi
+    say "$1: restart $restarts of at most $max_restarts"
+  }
+  while :; do
+    state=$(slice_state)
+    case $state in
+      ready) unknown=0 ;;
+      pending*) say "the slice is ${state#pending }; checking again in $interval s"; sleep "$interval"; continue ;;
+      absent | gone*)
+        unknown=0
+        if [[ $state == gone* ]]; then
+          restart "the slice is ${state#gone }"
+          again --quiet delete || say "deleting the slice failed (above); creating it anyway"
+        elif ((started)); then
+          restart "the slice is gone"
+        else
+          say "no slice $TPU_NAME: creating it"
+        fi
+        # In processes of their own, so that a failure (no capacity for a Spot slice, say)
+        # is one more attempt, not the end of the watch.
+        if again --interval "$interval" create && again install; then
+          step_run "$@"
+          started=1
+        else
+          restart "creating or installing the slice failed (above)"
+          started=0  # (its absence next time is this failure's, already counted)
+        fi
+        sleep "$interval"
+        continue
+        ;;
+      unknown*)
+        unknown=$((unknown + 1))
+        ((unknown <= 10)) || die "the slice's state could not be read 10 times in a row: ${state#unknown }"
+        say "could not read the slice's state (${state#unknown }); checking again in $interval s"
+        sleep "$interval"
+        continue
+        ;;
+    esac
+    job=$(job_state)
+    case $job in
+      running) ;;
+      done)
+        say "the run is done on every worker; fetching it"
+        step_fetch
+        say "done: the run is in ${MPX_FETCH_DIR:-runs}/$(basename "$out_path") (and in $MPX_OUT); the slice is still up (and billed): bash launch/tpu_pod.sh delete"
+        return 0
+        ;;
+      none)
+        say "no job on the slice: installing and starting it"
+        if again install; then
+          step_run "$@"
+          started=1
+        else
+          restart "installing failed (above)"
+        fi
+        ;;
+      restart)
+        restart "the job stopped (preempted or killed) on a worker"
+        step_stop
+        step_run "$@"
+        ;;
+      failed*)
+        step_stop
+        say "the job failed with status ${job#failed } (1 failed, 2 error, 3 refused: see launch/README.md); its log: bash launch/tpu_pod.sh logs. Fix the cause, then run watch again: the run continues from its checkpoints"
+        exit "${job#failed }"
+        ;;
+      unknown)
+        unknown=$((unknown + 1))
+        ((unknown <= 10)) || die "the workers' job status could not be read 10 times in a row (gcloud ... ssh fails)"
+        say "could not read the job's state on every worker; checking again in $interval s"
+        ;;
+    esac
+    sleep "$interval"
+  done
 }
 
 for step in "${steps[@]}"; do
   "step_$step" "$@"
 done
 if ((!dry_run)) && [[ $subcommand == create || $subcommand == all ]]; then
-  echo "tpu_pod.sh: the slice $TPU_NAME is still up (and billed): bash launch/tpu_pod.sh delete" >&2
+  say "the slice $TPU_NAME is still up (and billed): bash launch/tpu_pod.sh delete"
+fi
+if ((!dry_run)) && [[ $subcommand == run || $subcommand == all ]]; then
+  say "started; follow it with: bash launch/tpu_pod.sh status | logs [--worker N] | watch -- $(quote "$@")"
 fi

@@ -98,7 +98,9 @@ def _run_command(args) -> int:
     summary = run_lib.run_experiment(experiment, preset=args.preset, overrides=overrides,
                                      out_dir=args.out, resume=args.resume)
   except run_lib.Preempted as e:
-    print(f"mpx run: {e} Continue with the same command and --resume.", file=sys.stderr)
+    again = ("the same command" if args.resume == RESUME_AUTO
+             else "the same command and --resume (or --resume=auto)")
+    print(f"mpx run: {e} Continue with {again}.", file=sys.stderr)
     return run_lib.PREEMPTED_EXIT_CODE
   from mpx.sweep import distributed
   if not distributed.is_primary():  # Process 0 writes the run's files.
@@ -186,9 +188,32 @@ class _RunHelp(argparse.Action):
     super().__init__(option_strings, dest, default=default, nargs=0, help=help)
 
   def __call__(self, parser, namespace, values, option_string=None):
-    parser.epilog = experiments_help()
+    parser.epilog = f"{RUN_EXIT_CODES}\n\n{experiments_help()}"
     parser.print_help()
     parser.exit()
+
+
+RESUME_AUTO = "auto"  # mpx.sweep.run.RESUME_AUTO, without importing JAX while parsing.
+
+
+def _resume_value(text: str) -> str:
+  """`--resume=auto`; `--resume` alone is `const=True`."""
+  if text != RESUME_AUTO:
+    raise argparse.ArgumentTypeError(
+        f"expected --resume or --resume={RESUME_AUTO}, got the value {text!r}; put the "
+        "experiment before --resume (mpx run EXPERIMENT ... --resume)")
+  return text
+
+
+RUN_EXIT_CODES = """\
+exit status:
+  0    done: the summary is written (a finished run given again only rewrites it)
+  1    failed: an unexpected error (traceback above)
+  2    error: a bad command line, or a config refused when built or traced (one line)
+  3    refused: the run directory holds another run (another config, or progress a fresh
+       start would overwrite), or --resume found nothing to continue; nothing was written
+  143  preempted: SIGTERM, the state is checkpointed; run the same command again
+       (SIGKILL shows as 137: the same command continues from the last checkpoint)"""
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -216,8 +241,12 @@ def make_parser() -> argparse.ArgumentParser:
                         "same as --set select=HPARAM")
   run.add_argument("--out", help="run directory (default: runs/FILE-PRESET, FILE the "
                                  "experiment's file name)")
-  run.add_argument("--resume", action="store_true",
-                   help="continue from the run directory's latest checkpoints")
+  run.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_value,
+                   metavar="auto",
+                   help="continue the run in the run directory from its latest checkpoints; "
+                        "--resume=auto: start the run, or continue it where the directory "
+                        "holds the same run (one command for the first start and every "
+                        "restart; another run there is refused)")
   run.add_argument("--distributed", action="store_true",
                    help="join a multi-process run (jax.distributed; also MPX_DISTRIBUTED=1): "
                         "see launch/README.md")
@@ -259,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return args.func(args)
   except (ValueError, FileNotFoundError, FileExistsError) as e:
+    if args.command == "run":
+      from mpx.sweep import run as run_lib  # Imported already: it raised the error.
+      if isinstance(e, run_lib.Refused):  # The run folder holds another run: exit 3.
+        parser.exit(run_lib.REFUSED_EXIT_CODE, f"mpx run: refused: {e}\n")
     parser.exit(2, f"mpx {args.command}: error: {e}\n")
 
 

@@ -1,12 +1,16 @@
 """A tiny sweep group shared by the sweep tests (imported, not collected)."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
-from mpx import priors, schemes
+from mpx import checkpoint, priors, schemes
 from mpx.nn import TokenTransformer
 from mpx.sweep import DeviceData, EvalData, engine, optim
+from mpx.sweep import config as config_lib
 from mpx.tasks import boolean
 
 N_BITS = 6
@@ -88,3 +92,17 @@ def train(g, chunk_steps=4, mesh=None, state=None):
   """Trains a group to the end (from `state`, or its init); returns the final SweepState."""
   from mpx.sweep import run
   return run.fit(g, chunk_steps, mesh=mesh, state=state)[0]
+
+
+TOY = str(pathlib.Path(__file__).parent / "toy_experiment.py")
+
+
+def final_state(run_dir, group_name, overrides=()):
+  """A toy_experiment.py run's last checkpointed state of one group, restored into the
+  group's own structure (a run folder may be a gs:// URL)."""
+  experiment = config_lib.load_experiment(TOY)
+  _, cfg = config_lib.make_config(experiment, None, overrides)
+  group = [g for g in experiment.build_groups(cfg) if g.name == group_name][0]
+  with checkpoint.Checkpointer(epath.Path(run_dir) / "checkpoints" / group_name) as ckpt:
+    state, _ = ckpt.restore(engine.init_state(group))
+  return state

@@ -1,30 +1,38 @@
 """The launchers in launch/: shellcheck-clean, and what they run (dry runs, no network).
 
-`launch/local.sh` also runs for real: N local processes, joined by jax.distributed on CPU.
+`launch/local.sh` also runs for real: N local processes, joined by jax.distributed on CPU;
+the TPU workers' side (launch/tpu_worker.sh) runs here with stubs for sudo, gcsfuse, uv and
+mpx. The restart loops against stand-ins for gcloud and SLURM: tests/test_launch_restarts.py.
 """
 
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import importlib.metadata
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch"
-SCRIPTS = ["local.sh", "slurm_gpu.sbatch", "tpu_pod.sh"]
+SCRIPTS = ["local.sh", "slurm_gpu.sbatch", "tpu_pod.sh", "tpu_worker.sh"]
 
 # Variables the scripts read: none may leak in from the environment the tests run in.
-_READ = ("TPU_NAME", "ZONE", "ACCELERATOR_TYPE", "PROJECT", "TPU_VERSION", "TPU_SPOT", "MPX_REPO",
-         "MPX_EXTRAS", "MPX_FETCH_DIR", "MPX_OUT", "MPX_VENV", "MPX_DRY_RUN", "TFDS_DATA_DIR",
-         "XLA_FLAGS", "JAX_PLATFORMS")
+_READ = ("TPU_NAME", "ZONE", "ACCELERATOR_TYPE", "PROJECT", "TPU_VERSION", "TPU_SPOT", "TPU_QUEUED",
+         "MPX_REPO", "MPX_EXTRAS", "MPX_FETCH_DIR", "MPX_OUT", "MPX_VENV", "MPX_DRY_RUN",
+         "MPX_PYTHON", "MPX_LOG_SYNC", "MPX_MAX_REQUEUES", "TFDS_DATA_DIR", "XLA_FLAGS",
+         "JAX_PLATFORMS")
 
 TPU_VARS = dict(TPU_NAME="mpx-v4-32", ZONE="us-central2-b", ACCELERATOR_TYPE="v4-32",
-                PROJECT="my-project", MPX_OUT="gs://my-bucket/mpx/boolean_paper")
+                PROJECT="my-project", MPX_OUT="gs://my-bucket/mpx/boolean_paper",
+                MPX_PYTHON=sys.executable)
+JAX_VERSION = importlib.metadata.version("jax")  # What the workers' jax[tpu] is pinned to.
+STAMP = re.compile(r"\d{8}T\d{6}Z")  # A run's start (its logs' folder), in the dry runs.
 
 
 def _env(tmp_path, **extra):
@@ -82,79 +90,125 @@ def test_scripts_are_strict_bash_with_help(tmp_path, name):
 # --- tpu_pod.sh -------------------------------------------------------------------------------
 
 _LOC = "--zone=us-central2-b --project=my-project"
-# gcsfuse from its apt repository, skipped where it is installed.
-_GCSFUSE = (
-    "if ! command -v gcsfuse >/dev/null; then "
-    'echo "deb [signed-by=/usr/share/keyrings/cloud.google.asc] '
-    'https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -c -s) main" '
-    "| sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null; "
-    "curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg "
-    "| sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null; "
-    "sudo apt-get -o DPkg::Lock::Timeout=300 update -qq; "
-    "sudo apt-get -o DPkg::Lock::Timeout=300 install -y -qq gcsfuse; fi")
-# MPX_OUT's bucket mounted on every worker (mpx writes its run folder through the filesystem).
-_MOUNT = ("if ! mountpoint -q /mnt/gcs/my-bucket; then sudo mkdir -p /mnt/gcs/my-bucket; "
-          'sudo chown "$(id -u):$(id -g)" /mnt/gcs/my-bucket; '
-          "gcsfuse --implicit-dirs --rename-dir-limit=100000 my-bucket /mnt/gcs/my-bucket; fi")
-_INSTALL = (
-    "set -e; rm -rf ~/mpx-src && mkdir ~/mpx-src && tar -xzf ~/mpx-src.tar.gz -C ~/mpx-src; "
-    f"{_GCSFUSE}; "
-    "python3 -m pip install --quiet --user --upgrade uv; rm -rf ~/mpx-venv; "
-    "~/.local/bin/uv venv --quiet --python 3.12 ~/mpx-venv; "
-    '~/.local/bin/uv pip install --quiet --python ~/mpx-venv/bin/python "jax[tpu]" "$HOME/mpx-src"; '
-    '~/mpx-venv/bin/python -c "import socket, jax, mpx; print(socket.gethostname(), \\"mpx\\", '
-    'mpx.__version__, \\"jax\\", jax.__version__)"')
-TPU_ALL = [
-    f"gcloud compute tpus tpu-vm create mpx-v4-32 {_LOC} --accelerator-type=v4-32 "
-    "--version=tpu-ubuntu2204-base",
-    f"mkdir -p {ROOT}/build/tpu_pod",
-    f"tar -czf {ROOT}/build/tpu_pod/mpx-src.tar.gz --exclude=./.git '--exclude=./.venv*' "
-    "--exclude=./build --exclude=./dist --exclude=./runs '--exclude=*.egg-info' "
-    f"--exclude=__pycache__ --exclude=.pytest_cache -C {ROOT} .",
-    f"gcloud compute tpus tpu-vm scp {ROOT}/build/tpu_pod/mpx-src.tar.gz "
-    f"mpx-v4-32:mpx-src.tar.gz --worker=all {_LOC}",
-    f"gcloud compute tpus tpu-vm ssh mpx-v4-32 {_LOC} --worker=all --command '{_INSTALL}'",
-    f"gcloud compute tpus tpu-vm ssh mpx-v4-32 {_LOC} --worker=all --command "
-    f"'set -e; {_MOUNT}; ~/mpx-venv/bin/mpx run boolean_gotu --preset paper --distributed "
-    "--out /mnt/gcs/my-bucket/mpx/boolean_paper'",
-    "mkdir -p runs",
-    "gcloud storage cp --recursive gs://my-bucket/mpx/boolean_paper runs/",
+_SSH = f"gcloud compute tpus tpu-vm ssh mpx-v4-32 {_LOC}"
+_BUILD = f"{ROOT}/build/tpu_pod"
+_TAR = (f"tar -czf {_BUILD}/mpx-src.tar.gz --exclude=./.git '--exclude=./.venv*' "
+        "--exclude=./build --exclude=./dist --exclude=./runs '--exclude=*.egg-info' "
+        f"--exclude=__pycache__ --exclude=.pytest_cache -C {ROOT} .")
+_INSTALL = ("set -e; rm -rf ~/mpx-src && mkdir ~/mpx-src && tar -xzf ~/mpx-src.tar.gz -C ~/mpx-src; "
+            f'bash ~/mpx-worker.sh install "jax[tpu]=={JAX_VERSION}" "$HOME/mpx-src"')
+_OUT = "/mnt/gcs/my-bucket/mpx/boolean_paper"
+_START = ("env MPX_LOG_SYNC=60 bash ~/mpx-worker.sh start my-bucket /mnt/gcs/my-bucket "
+          f"{_OUT}/logs/STAMP STAMP -- ~/mpx-venv/bin/mpx run boolean_gotu --preset paper "
+          f"--distributed --out {_OUT} --resume=auto")
+TPU_CREATE = (f"gcloud compute tpus tpu-vm create mpx-v4-32 {_LOC} --accelerator-type=v4-32 "
+              "--version=tpu-ubuntu2204-base")
+TPU_INSTALL = [
+    f"mkdir -p {_BUILD}",
+    f"{sys.executable} {ROOT}/launch/tpu_constraints.py --out {_BUILD}/mpx-constraints.txt",
+    f"cp {ROOT}/launch/tpu_worker.sh {_BUILD}/mpx-worker.sh",
+    _TAR,
+    f"gcloud compute tpus tpu-vm scp {_BUILD}/mpx-constraints.txt {_BUILD}/mpx-worker.sh "
+    f"{_BUILD}/mpx-src.tar.gz 'mpx-v4-32:~/' --worker=all {_LOC}",
+    f"{_SSH} --worker=all --command '{_INSTALL}'",
 ]
+TPU_RUN = f"{_SSH} --worker=all --command '{_START}'"
+TPU_ALL = [TPU_CREATE, *TPU_INSTALL, TPU_RUN]
+
+
+def _worker(subcommand):  # the command status, logs and stop give every worker
+  return (f"if [ -f ~/mpx-worker.sh ]; then bash ~/mpx-worker.sh {subcommand}; "
+          'else echo "$(hostname): no job"; fi')
+
+
+def _dry(*args, env):
+  result = _script("tpu_pod.sh", "--dry-run", *args, env=env)
+  assert result.returncode == 0, result.stderr
+  return STAMP.sub("STAMP", result.stdout).splitlines(), result.stderr
 
 
 def test_tpu_pod_dry_run_all_prints_every_command(tmp_path):
-  result = _script("tpu_pod.sh", "--dry-run", "all", "--", "boolean_gotu", "--preset", "paper",
-                   env=_env(tmp_path, **TPU_VARS))
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.splitlines() == TPU_ALL
-  # Spelled out: install adds gcsfuse; the run mounts the bucket, then writes to the mount,
-  # not to the gs:// URL (the script takes the mount route).
-  install, run = (shlex.split(line)[-1] for line in result.stdout.splitlines()[4:6])
-  assert f"; {_GCSFUSE}; " in install
-  assert run.startswith("set -e; if ! mountpoint -q /mnt/gcs/my-bucket; then ")
-  assert "gcsfuse --implicit-dirs --rename-dir-limit=100000 my-bucket /mnt/gcs/my-bucket" in run
-  assert run.endswith(" --out /mnt/gcs/my-bucket/mpx/boolean_paper") and "gs://" not in run
+  lines, err = _dry("all", "--", "boolean_gotu", "--preset", "paper",
+                    env=_env(tmp_path, **TPU_VARS))
+  assert lines == TPU_ALL
+  # Spelled out: the install pins jax[tpu] to this environment's jax under its constraints;
+  # the run starts detached (mpx-worker.sh start), mounts the bucket, writes to the mount
+  # (not to the gs:// URL), and is start-or-resume.
+  run = shlex.split(lines[-1])[-1]
+  assert run.startswith("env MPX_LOG_SYNC=60 bash ~/mpx-worker.sh start my-bucket /mnt/gcs/my-bucket ")
+  assert run.endswith(f" --out {_OUT} --resume=auto") and "gs://" not in run
+  # What it says before starting: the run folder, the logs, where mpx prints its plan.
+  assert ("run folder gs://my-bucket/mpx/boolean_paper (/mnt/gcs/my-bucket/mpx/boolean_paper "
+          "on the workers); logs ~/mpx-jobs/") in err
+  assert "the devices per host and the padding rows first" in err
+
+
+def test_tpu_pod_dry_run_of_status_logs_stop_fetch_and_watch(tmp_path):
+  env = _env(tmp_path, **TPU_VARS)
+  describe = f"gcloud compute tpus tpu-vm describe mpx-v4-32 {_LOC} '--format=value(state)'"
+  status = f"{_SSH} --worker=all --command '{_worker('status')}'"
+  assert _dry("status", env=env)[0] == [describe, status]
+  assert _dry("logs", "--worker", "2", "--lines", "20", "--follow", env=env)[0] == [
+      f"{_SSH} --worker=2 --command '{_worker('logs 20 --follow')}'"]
+  assert _dry("logs", env=env)[0] == [f"{_SSH} --worker=all --command '{_worker('logs 100')}'"]
+  stop = f"{_SSH} --worker=all --command '{_worker('stop 30')}'"
+  assert _dry("stop", "--grace", "30", env=env)[0] == [stop]
+  fetch = ["mkdir -p runs", "gcloud storage cp --recursive gs://my-bucket/mpx/boolean_paper runs/"]
+  assert _dry("fetch", env=env)[0] == fetch
+  lines, err = _dry("watch", "--interval", "60", "--max-restarts", "5", "--grace", "30", "--",
+                    "boolean_gotu", "--preset", "paper", env=env)
+  assert lines == [
+      "# watch: every 60 s the slice's state, then the job's on every worker; at most 5 "
+      "restarts in all",
+      describe, status.replace("'if", "'if", 1),
+      "# a missing, preempted or terminated slice: delete (if there), create, install, run",
+      f"gcloud compute tpus tpu-vm delete mpx-v4-32 {_LOC} --quiet",
+      TPU_CREATE, *TPU_INSTALL, TPU_RUN,
+      "# no job on a worker: install, run",
+      "# the job stopped by a preemption (143) or killed (137) on a worker: stop, run",
+      stop, TPU_RUN,
+      "# every worker exited 0: fetch",
+      *fetch]
+
+
+def test_tpu_pod_dry_run_queued_resource(tmp_path):
+  env = _env(tmp_path, **TPU_VARS, TPU_QUEUED="1", TPU_SPOT="1")
+  describe = (f"gcloud compute tpus queued-resources describe mpx-v4-32 {_LOC} "
+              "'--format=value(state.state)'")
+  assert _dry("create", "--interval", "30", env=env)[0] == [
+      f"gcloud compute tpus queued-resources create mpx-v4-32 --node-id=mpx-v4-32 {_LOC} "
+      "--accelerator-type=v4-32 --runtime-version=tpu-ubuntu2204-base --spot",
+      "# then every 30 s, until it prints ACTIVE:", describe]
+  assert _dry("delete", "--quiet", env=env)[0] == [
+      f"gcloud compute tpus queued-resources delete mpx-v4-32 {_LOC} --force --quiet"]
+  assert _dry("status", env=env)[0][0] == describe
 
 
 def test_tpu_pod_dry_run_options(tmp_path):
   """MPX_REPO installs from git instead of copying the checkout; extras, Spot, TFDS_DATA_DIR,
-  an MPX_OUT with a space and a trailing slash, and quoting reach the commands."""
+  MPX_LOG_SYNC, an MPX_OUT with a space and a trailing slash, and quoting reach the
+  commands."""
   env = _env(tmp_path, **{**TPU_VARS, "ACCELERATOR_TYPE": "v5p-16",
                           "MPX_OUT": "gs://my-bucket/mpx/my run/"},
              MPX_REPO="https://x.org/mpx.git", MPX_EXTRAS="vision", TPU_SPOT="1",
-             TFDS_DATA_DIR="/mnt/gcs/my-bucket/tensorflow_datasets")
+             MPX_LOG_SYNC="30", TFDS_DATA_DIR="/mnt/gcs/my-bucket/tensorflow_datasets")
   result = _script("tpu_pod.sh", "all", "--dry-run", "--", "vision", "--set", "a=b c", env=env)
   assert result.returncode == 0, result.stderr
-  lines = result.stdout.splitlines()
+  lines = STAMP.sub("STAMP", result.stdout).splitlines()
   assert lines[0].endswith("--accelerator-type=v5p-16 --version=v2-alpha-tpuv5 --spot")
-  assert not any("scp" in line or line.startswith("tar ") for line in lines)
-  assert '"jax[tpu]" "mpx[vision] @ git+https://x.org/mpx.git"' in lines[1]
-  assert shlex.split(lines[1])[-1].startswith(f"set -e; {_GCSFUSE}; python3 ")
-  assert shlex.split(lines[2])[-1] == (
-      f"set -e; {_MOUNT}; env TFDS_DATA_DIR=/mnt/gcs/my-bucket/tensorflow_datasets "
-      "~/mpx-venv/bin/mpx run vision --set 'a=b c' --distributed "
-      "--out '/mnt/gcs/my-bucket/mpx/my run'")
-  assert lines[-1] == "gcloud storage cp --recursive 'gs://my-bucket/mpx/my run' runs/"
+  assert not any(line.startswith("tar ") for line in lines)
+  assert lines[4] == (f"gcloud compute tpus tpu-vm scp {_BUILD}/mpx-constraints.txt "
+                      f"{_BUILD}/mpx-worker.sh 'mpx-v4-32:~/' --worker=all {_LOC}")
+  assert shlex.split(lines[5])[-1] == (
+      f'set -e; bash ~/mpx-worker.sh install "jax[tpu]=={JAX_VERSION}" '
+      '"mpx[vision] @ git+https://x.org/mpx.git"')
+  out = "'/mnt/gcs/my-bucket/mpx/my run'"
+  assert shlex.split(lines[6])[-1] == (
+      "env MPX_LOG_SYNC=30 bash ~/mpx-worker.sh start my-bucket /mnt/gcs/my-bucket "
+      "'/mnt/gcs/my-bucket/mpx/my run/logs/STAMP' STAMP -- "
+      "env TFDS_DATA_DIR=/mnt/gcs/my-bucket/tensorflow_datasets ~/mpx-venv/bin/mpx run vision "
+      f"--set 'a=b c' --distributed --out {out} --resume=auto")
+  assert len(lines) == 7
 
 
 def _stub(path, body, log):
@@ -165,26 +219,33 @@ def _stub(path, body, log):
 
 
 def test_tpu_pod_worker_commands_install_mount_and_run(tmp_path):
-  """The workers' commands (install and run, as --dry-run prints them), run by bash with stubs
-  for sudo, curl, gcsfuse, mountpoint, uv and mpx: gcsfuse is installed only where it is
-  missing, the bucket mounted only where it is not, and mpx does not start without it."""
-  env = _env(tmp_path, **TPU_VARS, MPX_REPO="https://x.org/mpx.git")
-  commands = []
-  for args in (["install"], ["run", "--", "boolean_gotu", "--preset", "paper"]):
-    result = _script("tpu_pod.sh", "--dry-run", *args, env=env)
-    assert result.returncode == 0, result.stderr
-    commands.append(shlex.split(result.stdout.splitlines()[-1])[-1])
-  install, run = commands
+  """The workers' commands (install and run, as --dry-run prints them), run by bash in a
+  worker's home holding what install copies there, with stubs for sudo, curl, gcsfuse,
+  mountpoint, uv and mpx: gcsfuse is installed only where it is missing, the venv built
+  only when the constraints, requirements or source changed, the bucket mounted only where
+  it is not, and mpx does not start without it; the run is detached."""
+  env = _env(tmp_path, **TPU_VARS)
+  install = shlex.split(_dry("install", env=env)[0][-1])[-1]
+  run = shlex.split(_dry("run", "--", "boolean_gotu", "--preset", "paper", env=env)[0][-1])[-1]
+  run = run.replace("/mnt/gcs", str(tmp_path / "gcs")).replace("STAMP", "20250101T000000Z")
   home, log, tools = tmp_path / "home", tmp_path / "log", tmp_path / "tools"
+  home.mkdir()
+  shutil.copy(LAUNCH / "tpu_worker.sh", home / "mpx-worker.sh")
+  (home / "mpx-constraints.txt").write_text(f"jax=={JAX_VERSION}\n")
+  subprocess.run(["tar", "-czf", str(home / "mpx-src.tar.gz"), "-C", str(LAUNCH), "."],
+                 check=True)
   with_gcsfuse = tmp_path / "gcsfuse-bin"  # on PATH: gcsfuse is installed
-  for name in ("curl", "lsb_release", "python3"):
+  for name in ("curl", "lsb_release", "python3", "hostname"):
     _stub(tools / name, "", log)
-  _stub(tools / "sudo", '[ "$1" != tee ] || cat >/dev/null', log)
+  _stub(tools / "sudo", '[ "$1" != tee ] || cat >/dev/null; [ "$1" = tee ] || [ "$1" = apt-get ] '
+        '|| "$@"', log)
   _stub(tools / "mountpoint", f'[ -e "{tmp_path}/mounted" ]', log)
   _stub(with_gcsfuse / "gcsfuse", f'[ ! -e "{tmp_path}/fail" ] && touch "{tmp_path}/mounted"', log)
   system = tmp_path / "system"  # the few real tools used, without a real gcsfuse or sudo
   system.mkdir()
-  for name in ("basename", "cat", "cp", "id", "mkdir", "rm", "touch"):
+  for name in ("basename", "bash", "cat", "chown", "cp", "cut", "env", "find", "gzip", "id", "mkdir",
+               "nohup", "rm", "setsid", "sha256sum", "sleep", "sort", "tail", "tar", "touch",
+               "xargs"):
     (system / name).symlink_to(shutil.which(name))
   venv = home / "mpx-venv" / "bin"
   _stub(home / ".local" / "bin" / "uv",
@@ -193,35 +254,83 @@ def test_tpu_pod_worker_commands_install_mount_and_run(tmp_path):
 
   def worker(command, *path):  # exit status, and the stubs called (name, first argument)
     log.write_text("")
-    env = {"PATH": os.pathsep.join(map(str, [*path, system])), "HOME": str(home)}
+    env = {"PATH": os.pathsep.join(map(str, [*path, system])), "HOME": str(home),
+           "MPX_WORKER_ID": "0"}
     done = subprocess.run([shutil.which("bash"), "-c", command], env=env, capture_output=True,
                           text=True)
     assert "command not found" not in done.stderr, done.stderr
+    stderr[:] = [done.stderr]
     return done.returncode, [tuple(line.split()[:2]) for line in log.read_text().splitlines()]
 
-  rc, calls = worker(install, tools)  # no gcsfuse yet: from apt
-  assert rc == 0 and ("sudo", "apt-get") in calls and ("uv", "pip") in calls, calls
-  rc, calls = worker(install, tools, with_gcsfuse)
-  assert rc == 0 and ("sudo", "apt-get") not in calls and ("uv", "pip") in calls, calls
-  rc, calls = worker(run, tools, with_gcsfuse)  # mounts, then runs
-  assert rc == 0 and calls == [("mountpoint", "-q"), ("sudo", "mkdir"), ("sudo", "chown"),
-                               ("gcsfuse", "--implicit-dirs"), ("mpx", "run")], calls
+  stderr = [""]
+
+  rc, calls = worker(install, tools)  # no gcsfuse yet: from apt; the venv built
+  assert rc == 0 and ("sudo", "apt-get") in calls and ("uv", "pip") in calls, (calls, stderr)
+  pip = next(line for line in log.read_text().splitlines() if line.startswith("uv pip"))
+  assert pip.endswith(f" -c {home}/mpx-constraints.txt jax[tpu]=={JAX_VERSION} {home}/mpx-src")
+  rc, calls = worker(install, tools, with_gcsfuse)  # nothing changed: no apt, no uv
+  assert rc == 0 and ("sudo", "apt-get") not in calls and ("uv", "venv") not in calls, calls
+  (home / "mpx-constraints.txt").write_text(f"jax=={JAX_VERSION}\nnumpy==2.0.0\n")
+  rc, calls = worker(install, tools, with_gcsfuse)  # other pins: built again
+  assert rc == 0 and ("uv", "venv") in calls, calls
+  rc, calls = worker(run, tools, with_gcsfuse)  # mounts, then starts mpx, detached
+  assert rc == 0 and calls[:4] == [("mountpoint", "-q"), ("sudo", "mkdir"), ("sudo", "chown"),
+                                   ("gcsfuse", "--implicit-dirs")], calls
+  deadline = time.time() + 30
+  while ("mpx", "run") not in [tuple(l.split()[:2]) for l in log.read_text().splitlines()]:
+    assert time.time() < deadline, log.read_text()
+    time.sleep(0.1)
   assert log.read_text().splitlines()[-1] == (
       "mpx run boolean_gotu --preset paper --distributed "
-      "--out /mnt/gcs/my-bucket/mpx/boolean_paper")
-  rc, calls = worker(run, tools, with_gcsfuse)  # mounted already: straight to mpx
-  assert rc == 0 and calls == [("mountpoint", "-q"), ("mpx", "run")], calls
+      f"--out {tmp_path}/gcs/my-bucket/mpx/boolean_paper --resume=auto")
+
+  def wait_until_exited():  # The stub mpx ends at once: the job exits 0.
+    deadline = time.time() + 30
+    while "exited 0" not in subprocess.run(
+        ["bash", str(home / "mpx-worker.sh"), "status"], capture_output=True, text=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(home), "MPX_WORKER_ID": "0"}).stdout:
+      assert time.time() < deadline
+      time.sleep(0.1)
+
+  wait_until_exited()
+  rc, calls = worker(run, tools, with_gcsfuse)  # mounted already: straight to the start
+  assert rc == 0 and calls[0] == ("mountpoint", "-q") and ("gcsfuse", "--implicit-dirs") not in calls
+  wait_until_exited()
   (tmp_path / "mounted").unlink()
   (tmp_path / "fail").touch()
   rc, calls = worker(run, tools, with_gcsfuse)  # the mount fails: mpx never starts
   assert rc != 0 and calls[-1] == ("gcsfuse", "--implicit-dirs"), calls
 
 
-@pytest.mark.parametrize("subcommand", ["create", "install", "run", "delete", "all"])
+def test_tpu_constraints_pin_this_environment_without_platform_wheels(tmp_path):
+  out = tmp_path / "constraints.txt"
+  result = subprocess.run([sys.executable, str(LAUNCH / "tpu_constraints.py"), "--out", str(out)],
+                          capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr
+  lines = out.read_text().splitlines()
+  assert lines[0] == (f"# from {sys.executable} (Python {sys.version.split()[0]}), "
+                      "by launch/tpu_constraints.py")
+  pins = lines[1:]
+  assert all(re.fullmatch(r"[a-z0-9-]+==[^+\s]+", p) for p in pins), pins
+  names = [p.split("==")[0] for p in pins]
+  assert names == sorted(set(names))
+  assert f"jax=={JAX_VERSION}" in pins
+  assert f"flax=={importlib.metadata.version('flax')}" in pins
+  assert not set(names) & {"jaxlib", "mpx", "pip", "setuptools"}
+  assert not [n for n in names if n.startswith(("nvidia-", "jax-cuda", "libtpu"))]
+  # Without jax (no site-packages): refused, naming MPX_PYTHON.
+  result = subprocess.run([sys.executable, "-S", str(LAUNCH / "tpu_constraints.py"), "--out",
+                           str(tmp_path / "none.txt")], capture_output=True, text=True)
+  assert result.returncode == 2 and "MPX_PYTHON=" in result.stderr
+  assert not (tmp_path / "none.txt").exists()
+
+
+@pytest.mark.parametrize("subcommand", ["create", "install", "run", "status", "logs", "stop",
+                                        "watch", "delete", "all"])
 def test_tpu_pod_needs_tpu_name(tmp_path, subcommand):
   env = _env(tmp_path, **TPU_VARS)
   del env["TPU_NAME"]
-  args = ["--", "boolean_gotu"] if subcommand in ("run", "all") else []
+  args = ["--", "boolean_gotu"] if subcommand in ("run", "all", "watch") else []
   result = _script("tpu_pod.sh", "--dry-run", subcommand, *args, env=env)
   assert result.returncode != 0
   assert "TPU_NAME is not set" in result.stderr and "export TPU_NAME=" in result.stderr
@@ -253,9 +362,19 @@ def test_tpu_pod_deletes_only_when_asked(tmp_path):
 
 def test_tpu_pod_rejects_out_and_missing_args(tmp_path):
   env = _env(tmp_path, **TPU_VARS)
-  for args in (["run"], ["run", "--"], ["run", "--", "x", "--out", "gs://b/y"], ["nope"]):
+  for args, message in (
+      (["run"], "needs mpx run's arguments"), (["watch", "--"], "needs mpx run's arguments"),
+      (["run", "--", "x", "--out", "gs://b/y"], "not --out"),
+      (["run", "--", "x", "--resume"], "--resume=auto is added by this script"),
+      (["run", "--worker", "1", "--", "x"], "--worker does not apply to run"),
+      (["logs", "--lines", "many"], "--lines needs a whole number"),
+      (["nope"], "unknown subcommand 'nope'")):
     result = _script("tpu_pod.sh", "--dry-run", *args, env=env)
     assert result.returncode != 0 and result.stdout == "", args
+    assert message in result.stderr, (args, result.stderr)
+  result = _script("tpu_pod.sh", "--dry-run", "install", env=env | {"MPX_PYTHON": "false"})
+  assert result.returncode != 0 and "export MPX_PYTHON=.venv/bin/python" in result.stderr
+  assert result.stdout == ""
 
 
 # --- slurm_gpu.sbatch -------------------------------------------------------------------------
@@ -273,12 +392,16 @@ def test_slurm_dry_run_prints_the_srun_commands(tmp_path):
   slurm = dict(SLURM_JOB_ID="4242", SLURM_JOB_NUM_NODES="2", SLURM_NTASKS="16",
                SLURM_CPUS_PER_TASK="8", MPX_VENV=str(venv), MPX_OUT="/shared/runs/gotu")
   expected = [
-      "# slurm_gpu.sbatch: job 4242, 2 nodes, 16 tasks (one per GPU); the coordinator and "
-      "process ids come from JAX's SLURM auto-detection",
+      "# slurm_gpu.sbatch: job 4242, 2 nodes, 16 tasks (one per GPU), run directory "
+      "/shared/runs/gotu; requeued 0 of at most 10 times; the coordinator and process ids "
+      "come from JAX's SLURM auto-detection",
       f"srun --ntasks=2 --ntasks-per-node=1 {venv}/bin/python -c 'import socket, jax, mpx; "
       "print(socket.gethostname(), \"mpx\", mpx.__version__, \"jax\", jax.__version__)'",
       f"srun --kill-on-bad-exit=1 --gpu-bind=none --cpus-per-task=8 {venv}/bin/mpx run "
-      "boolean_gotu --preset paper --distributed --out /shared/runs/gotu",
+      "boolean_gotu --preset paper --distributed --out /shared/runs/gotu --resume=auto",
+      "# on SIGTERM: passed on to srun (mpx saves and exits 143); on exit status 143 or 137, "
+      "while requeued fewer than 10 times:",
+      "scontrol requeue 4242",
   ]
   args = ["boolean_gotu", "--preset", "paper"]
   result = _script("slurm_gpu.sbatch", "--dry-run", *args, env=_env(tmp_path, **slurm))
@@ -286,6 +409,15 @@ def test_slurm_dry_run_prints_the_srun_commands(tmp_path):
   assert result.stdout.splitlines() == expected
   result = _script("slurm_gpu.sbatch", *args, env=_env(tmp_path, **slurm, MPX_DRY_RUN="1"))
   assert result.returncode == 0 and result.stdout.splitlines() == expected
+  # A requeued job (SLURM_RESTART_COUNT) with MPX_MAX_REQUEUES, outside a job.
+  result = _script("slurm_gpu.sbatch", "--dry-run", *args, env=_env(
+      tmp_path, MPX_VENV=str(venv), MPX_OUT="runs/gotu", SLURM_RESTART_COUNT="2",
+      MPX_MAX_REQUEUES="3"))
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines()[0].startswith(
+      f"# slurm_gpu.sbatch: job (none), ? nodes, ? tasks (one per GPU), run directory "
+      f"{ROOT}/runs/gotu; requeued 2 of at most 3 times;")
+  assert result.stdout.splitlines()[-1] == "scontrol requeue '$SLURM_JOB_ID'"
 
 
 def test_slurm_fails_early_without_its_variables(tmp_path):
@@ -303,6 +435,11 @@ def test_slurm_fails_early_without_its_variables(tmp_path):
   assert result.returncode != 0 and "SLURM_JOB_ID is not set" in result.stderr
   result = _script("slurm_gpu.sbatch", "--dry-run", "boolean_gotu", "--out", "/x", env=env)
   assert result.returncode != 0 and "MPX_OUT" in result.stderr
+  result = _script("slurm_gpu.sbatch", "--dry-run", "boolean_gotu", "--resume", env=env)
+  assert result.returncode != 0 and "--resume=auto is added by this script" in result.stderr
+  result = _script("slurm_gpu.sbatch", "--dry-run", "boolean_gotu",
+                   env=env | {"MPX_MAX_REQUEUES": "many"})
+  assert result.returncode != 0 and "MPX_MAX_REQUEUES=10" in result.stderr
 
 
 # --- local.sh ---------------------------------------------------------------------------------

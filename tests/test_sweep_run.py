@@ -19,24 +19,16 @@ from mpx import checkpoint, cli, report
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, run, run_folder
 
+import sweep_fixtures as fx
+
 TESTS = pathlib.Path(__file__).parent
 TOY = str(TESTS / "toy_experiment.py")
-
-
-def _final_params(run_dir, group_name, overrides=()):
-  """The group's last checkpointed state, restored into the group's own structure."""
-  experiment = config_lib.load_experiment(TOY)
-  _, cfg = config_lib.make_config(experiment, None, overrides)
-  group = [g for g in experiment.build_groups(cfg) if g.name == group_name][0]
-  with checkpoint.Checkpointer(epath.Path(run_dir) / "checkpoints" / group_name) as ckpt:
-    state, _ = ckpt.restore(engine.init_state(group))
-  return state
 
 
 def _assert_same_run(dir_a, dir_b, overrides=()):
   """Same final params, metrics and summary; a run folder may be a gs:// URL."""
   for name in ("toy_a", "toy_b"):
-    a, b = _final_params(dir_a, name, overrides), _final_params(dir_b, name, overrides)
+    a, b = fx.final_state(dir_a, name, overrides), fx.final_state(dir_b, name, overrides)
     assert int(a.step) == int(b.step) == 24
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
       np.testing.assert_array_equal(x, y)
@@ -85,7 +77,7 @@ def test_refused_fresh_run_leaves_the_run_folder_unchanged(uninterrupted, tmp_pa
   before = _files(out)
   with pytest.raises(SystemExit) as exit_info:
     cli.main(["run", TOY, "--out", str(out), "--set", "learning_rate=0.5"])
-  assert exit_info.value.code == 2
+  assert exit_info.value.code == run.REFUSED_EXIT_CODE == 3
   assert _files(out) == before                       # config.json and metrics included.
   err = capsys.readouterr().err
   assert "already holds checkpoints" in err and "--resume" in err and "another --out" in err
@@ -150,7 +142,7 @@ def test_resume_checks_the_config_stored_with_the_checkpoints(uninterrupted, tmp
   before = _files(out)
   with pytest.raises(SystemExit) as exit_info:
     cli.main(["run", TOY, "--out", str(out), "--resume", "--set", "learning_rate=0.5"])
-  assert exit_info.value.code == 2
+  assert exit_info.value.code == run.REFUSED_EXIT_CODE == 3
   err = capsys.readouterr().err
   assert "checkpoints" in err and "another config" in err and "['learning_rate']" in err
   assert _files(out) == before

@@ -4,6 +4,11 @@ Host work happens between compiled chunks: evaluation (one `metrics.jsonl` line 
 member), progress, checkpoints (Orbax, one per group holding the whole stacked state), and
 a SIGTERM check (preemption saves a checkpoint, then exits; `--resume` continues
 bit-for-bit).
+
+`--resume=auto` makes one command serve the first start and every restart: a folder with
+no run (or only what a start that never trained left) starts fresh, a folder holding the
+same run resumes, a folder holding another run is refused. The exit codes a restart loop
+acts on are the `*_EXIT_CODE` constants below (see `mpx run --help`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,17 @@ from mpx.sweep import memory
 from mpx.sweep import run_folder
 from mpx.sweep import select as select_lib
 
+# `mpx run`'s exit codes: 0 done; 1 failed (an unexpected error: a traceback); 2 error
+# (a bad command line, or a config refused when it is built or traced: a one-line message);
+# 3 refused (the run folder holds another run, or --resume found nothing to continue:
+# nothing was written); 143 preempted (SIGTERM: the state is checkpointed, run the same
+# command again). A process killed by SIGKILL shows 137 in a shell; it too continues from
+# its last checkpoint with the same command.
+FAILED_EXIT_CODE = 1
+ERROR_EXIT_CODE = 2
+REFUSED_EXIT_CODE = 3
 PREEMPTED_EXIT_CODE = 143
+RESUME_AUTO = "auto"  # `--resume=auto`: start, or continue the same run.
 
 
 class _NullWriter:
@@ -58,6 +73,20 @@ class _NullStream:
 
 class Preempted(Exception):
   """Raised after a SIGTERM once the state is safely checkpointed."""
+
+
+class Refused(ValueError):
+  """The run folder does not fit the command: it holds another run (another config, or
+  progress a fresh start would overwrite), or `--resume` found nothing to continue.
+  Raised before anything is written; `mpx run` exits with REFUSED_EXIT_CODE."""
+
+
+class _RefusedFresh(Refused, FileExistsError):
+  """A fresh start into a folder that holds an earlier run's progress."""
+
+
+class _NothingToResume(Refused, FileNotFoundError):
+  """`--resume` into a folder without a run."""
 
 
 class _SigtermFlag:
@@ -223,41 +252,59 @@ def _config_differences(previous: dict, saved: dict) -> list[str]:
   return keys
 
 
-def _check_resume_config(run_dir: epath.Path, checkpoints: epath.Path, saved: dict) -> None:
+def _read_config(path: epath.Path, flag: str) -> dict:
+  """config.json as a dict; one that is not JSON (e.g. written by hand) is named."""
+  try:
+    return json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise Refused(f"{flag}: {path} is not valid JSON ({e}); restore it from the run's "
+                  "checkpoints' config, or start afresh with another --out.") from None
+
+
+def _check_resume_config(run_dir: epath.Path, checkpoints: epath.Path, saved: dict,
+                         flag: str = "--resume") -> None:
   path = run_dir / "config.json"
   if not path.exists():
-    raise FileNotFoundError(f"--resume: {path} does not exist; nothing to resume.")
-  previous = json.loads(path.read_text())
+    if flag != "--resume":  # --resume=auto resumes only a folder with progress.
+      raise _NothingToResume(f"{flag}: {run_dir} holds {_has_progress(run_dir, checkpoints)}"
+                             f" of a run but no config.json; restore it, or choose another "
+                             "--out.")
+    raise _NothingToResume(f"--resume: {path} does not exist; nothing to resume (--resume="
+                           "auto starts a run there, or continues it).")
+  previous = _read_config(path, flag)
   differences = _config_differences(previous, saved)
   if differences and not _has_progress(run_dir, checkpoints):
-    raise ValueError(f"--resume: the run in {run_dir} differs in {differences} and never "
-                     "completed a step; run without --resume to start afresh there.")
+    raise Refused(f"--resume: the run in {run_dir} differs in {differences} and never "
+                  "completed a step; run without --resume (or with --resume=auto) to start "
+                  "afresh there.")
   if differences and all(d.startswith(FINGERPRINT + ".") for d in differences):
-    raise ValueError(f"--resume: the run in {run_dir} was trained on other data or task "
-                     f"definitions ({differences} changed since it started); restore them, "
-                     "or start afresh with another --out.")
+    raise Refused(f"{flag}: the run in {run_dir} was trained on other data or task "
+                  f"definitions ({differences} changed since it started); restore them, "
+                  "or start afresh with another --out.")
   if differences:
-    raise ValueError(f"--resume: the config differs from the run in {run_dir} in "
-                     f"{differences}; use the same --preset and --set.")
+    raise Refused(f"{flag}: the config differs from the run in {run_dir} in "
+                  f"{differences}; use the same --preset and --set to continue it, or "
+                  "another --out for a new run.")
 
 
-def _check_checkpoint_config(directory: str | pathlib.Path, stored: dict, saved: dict) -> None:
+def _check_checkpoint_config(directory: str | pathlib.Path, stored: dict, saved: dict,
+                             flag: str = "--resume") -> None:
   """The config saved with the checkpoint is what the state was trained with; config.json
   may have been overwritten since."""
   if _config_differences(stored, saved):
-    raise ValueError(f"--resume: the checkpoints in {directory} were written with another "
-                     f"config (differs in {_config_differences(stored, saved)}); use the "
-                     "run's --preset and --set, or start a fresh run with another --out.")
+    raise Refused(f"{flag}: the checkpoints in {directory} were written with another "
+                  f"config (differs in {_config_differences(stored, saved)}); use the "
+                  "run's --preset and --set, or start a fresh run with another --out.")
 
 
-def _check_checkpoint_configs(root: epath.Path, saved: dict) -> None:
+def _check_checkpoint_configs(root: epath.Path, saved: dict, flag: str = "--resume") -> None:
   """Every group's latest checkpoint under `root`, read-only, before anything is written."""
   for directory in sorted(root.iterdir() if root.is_dir() else []):
     try:
       stored = checkpoint.restore_config(directory)
     except FileNotFoundError:  # No finalised step yet: that group starts from scratch.
       continue
-    _check_checkpoint_config(directory, stored, saved)
+    _check_checkpoint_config(directory, stored, saved, flag)
 
 
 def _check_run_dir(run_dir: pathlib.Path) -> None:
@@ -300,8 +347,8 @@ def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path) -> None:
   trained; what a failed start left is replaced (so its corrected re-run needs no rm)."""
   held = _has_progress(run_dir, checkpoints)
   if held:
-    raise FileExistsError(f"{run_dir} already holds {held} of an earlier run; pass "
-                          "--resume to continue it, or choose another --out.")
+    raise _RefusedFresh(f"{run_dir} already holds {held} of an earlier run; pass --resume "
+                        "(or --resume=auto) to continue it, or choose another --out.")
 
 
 def completed_steps(root: epath.Path) -> dict[str, int]:
@@ -387,12 +434,44 @@ def _merged(groups: list[engine.Group]) -> engine.Group:
   return groups[0] if len(groups) == 1 else engine.merge_groups(groups)
 
 
+def plan(groups: list[engine.Group], mesh, out: str, completed: dict | None) -> str:
+  """What a run is about to do, printed before it starts: the run folder (starting fresh,
+  or resuming from which checkpoints), the members per group, the devices per host and
+  the padding rows (members are padded with copies, never reported, to a multiple of the
+  device count)."""
+  if completed is None:
+    state = "starting fresh"
+  else:
+    state = "resuming: " + ", ".join(
+        f"{g.name} from step {completed[g.name]}" if g.name in completed
+        else f"{g.name} from the start" for g in groups)
+  sizes = [(g.name, len(g.members), engine.padded_size(len(g.members), mesh))
+           for g in groups]
+  devices = 1 if mesh is None else mesh.size
+  return "\n".join([
+      f"run folder: {out} ({state})",
+      f"members: {sum(k for _, k, _ in sizes)} in {len(groups)} group(s) ("
+      + ", ".join(f"{name} {k}" for name, k, _ in sizes) + ")",
+      f"devices: {devices} {jax.default_backend()}, {jax.process_count()} "
+      f"process(es) x {jax.local_device_count()} per host; padding rows (copies filling each "
+      f"group to a multiple of {devices} devices, never reported): "
+      + ", ".join(f"{name} {size - k}" for name, k, size in sizes)])
+
+
 def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
-                   overrides=(), out_dir: str | None = None, resume: bool = False,
+                   overrides=(), out_dir: str | None = None, resume: bool | str = False,
                    devices=None) -> dict:
   """Builds, trains and reports one experiment; returns the summary dict plus `run_dir`
   (the run folder) and `local_dir`, where its files are written: `run_dir` itself, or for
-  a gs:// URL the staging folder `run_folder.push` uploads."""
+  a gs:// URL the staging folder `run_folder.push` uploads.
+
+  `resume`: False starts fresh (refused where the folder holds an earlier run's progress),
+  True continues the folder's run (refused where it holds none, or another), "auto"
+  (RESUME_AUTO) does either: it continues where the folder holds progress (a completed
+  checkpoint, or metrics past step 0) and starts fresh where it holds none."""
+  if resume not in (False, True, RESUME_AUTO):
+    raise ValueError(f"resume must be False, True or {RESUME_AUTO!r}; got {resume!r}.")
+  resume_arg = resume
   preset, variants = config_lib.make_configs(experiment, preset, overrides)
   cfg = variants[0][1][0]
   default_out = f"runs/{config_lib.experiment_stem(experiment)}-{preset}"
@@ -434,9 +513,13 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   if not url:
     _check_run_dir(run_dir)
   primary = distributed.is_primary()
+  flag = "--resume" if resume is True else f"--resume={RESUME_AUTO}"
+  if resume == RESUME_AUTO:  # The same run resumes; a folder without progress starts.
+    resume = _has_progress(root, checkpoints) is not None
+  completed = {}
   if resume:
-    _check_resume_config(root, checkpoints, saved_config)
-    _check_checkpoint_configs(checkpoints, saved_config)
+    _check_resume_config(root, checkpoints, saved_config, flag)
+    _check_checkpoint_configs(checkpoints, saved_config, flag)
     completed = completed_steps(checkpoints)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:
@@ -446,13 +529,17 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     run_folder.pull(out, run_dir)
     if not resume:
       run_dir.mkdir(parents=True, exist_ok=True)
-      (run_dir / "config.json").write_text(json.dumps(saved_config, indent=2) + "\n")
+      # Atomic: a kill leaves the old file or the new one, never half of it.
+      report._atomic_write(str(run_dir / "config.json"),
+                           json.dumps(saved_config, indent=2) + "\n")
   distributed.barrier("mpx-run-checked")
   mesh = engine.member_mesh(devices)
   if primary:
     staged = f"; files staged in {run_dir}" if url else ""
-    print(f"{command}{' --resume' if resume else ''}  ({jax.device_count()} "
+    asked = {False: "", True: " --resume", RESUME_AUTO: f" --resume={RESUME_AUTO}"}
+    print(f"{command}{asked[resume_arg]}  ({jax.device_count()} "
           f"{jax.default_backend()} device(s){staged})", file=sys.stderr)
+    print(plan(groups, mesh, out, completed if resume else None), file=sys.stderr)
   if primary and hasattr(experiment, "save_run_files"):  # E.g. the tokenizer a run trained.
     for _, (variant, *_) in variants:
       experiment.save_run_files(variant, run_dir)
