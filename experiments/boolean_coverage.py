@@ -9,7 +9,7 @@ the unseen classes? (the sum-class hypothesis, from the prototypes measured befo
 The hypothesis: a mask that makes a task's support tokens interact symmetrically lets the
 model compute a function of the support's sum (of each window's pattern, for windowed
 supports), so it extrapolates exactly when every unseen input falls into a class that
-the seen data holds. `boolean.class_coverage` turns that into a number before training:
+the seen data holds. `boolean_coverage.class_coverage` turns that into a number before training:
 covered unseen points answered as the seen data answers their class, uncovered ones at
 the min-degree interpolator (MDI). Eight tasks on n = 15 bits are chosen so the
 prediction spans 0..100% and, on several, differs from the MDI's (the default init sits at
@@ -68,7 +68,7 @@ from mpx.experiments.boolean_gotu import METRICS as GOTU_METRICS
 from mpx.experiments.boolean_gotu import PRESETS as GOTU_PRESETS
 from mpx.experiments.boolean_gotu import (Config, build_groups,  # noqa: F401 (the experiment's)
                                           fingerprint)
-from mpx.tasks import boolean
+from mpx.tasks import boolean, boolean_coverage
 
 NAME = "boolean_coverage"  # `mpx run boolean_coverage`; also as mpx.experiments.boolean_coverage.
 
@@ -87,7 +87,7 @@ PLOT_FILE = "coverage.png"
 class CoverageTask:
   """A task of this experiment: its definition and the classes the hypothesis uses.
 
-  groups / kind: the arguments of `boolean.class_coverage`; None groups = (support,), the
+  groups / kind: the arguments of `boolean_coverage.class_coverage`; None groups = (support,), the
     clique the mask scheme trains with (boolean_gotu's prior of a registered task).
   """
   name: str
@@ -178,7 +178,7 @@ PRESETS = {
 
 @functools.cache
 def prediction(name: str) -> dict:
-  """What `boolean.class_coverage` predicts for task `name` before training: covered
+  """What `boolean_coverage.class_coverage` predicts for task `name` before training: covered
   fraction, predicted and MDI unseen accuracy (fractions) with the task's classes, and
   `clique_predicted_accuracy_unseen`, the sum-over-support prediction (the prior the mask
   scheme trains with; the same as the prediction unless the task is judged on windows)."""
@@ -186,9 +186,9 @@ def prediction(name: str) -> dict:
     raise ValueError(f"no coverage prediction for task {name!r}; this experiment's tasks "
                      f"are {TASK_NAMES}.")
   spec, task = TASKS[name], boolean.get_task(name)
-  cov = boolean.class_coverage(task, spec.class_groups, spec.kind)
+  cov = boolean_coverage.class_coverage(task, spec.class_groups, spec.kind)
   clique = (cov if (spec.class_groups, spec.kind) == ((spec.support,), "sum")
-            else boolean.class_coverage(task, [spec.support], "sum"))
+            else boolean_coverage.class_coverage(task, [spec.support], "sum"))
   return {"task": name, "target": spec.target_text, "seen": spec.seen_text,
           "kind": spec.kind, "groups": [list(g) for g in spec.class_groups],
           "seen_fraction": float(np.mean(task.seen(boolean.cube(N_BITS)))),
@@ -218,7 +218,7 @@ def save_run_files(config, run_dir) -> None:
   run_dir = pathlib.Path(run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
   text = ("# Predicted unseen accuracy (before training)\n\n"
-          "`boolean.class_coverage` per task; written when the run started.\n\n"
+          "`boolean_coverage.class_coverage` per task; written when the run started.\n\n"
           + prediction_table(predictions(names)))
   (run_dir / PREDICTED_FILE).write_text(text)
 
@@ -318,7 +318,7 @@ def plot_coverage(rows, path) -> str:
                   xytext=(4, 3), fontsize="x-small", color=f"C{i % 10}")
   ax.set_xlim(-5, 105)
   ax.set_ylim(-5, 105)
-  ax.set_xlabel("predicted unseen accuracy (%), boolean.class_coverage")
+  ax.set_xlabel("predicted unseen accuracy (%), boolean_coverage.class_coverage")
   ax.set_ylabel("measured unseen accuracy (%), mean over seeds, min–max")
   ax.set_title("symmetric-mask hypothesis: predicted vs measured", fontsize="medium")
   fig.legend(fontsize="small", loc="outside lower center", ncols=len(schemes) + 1)
@@ -360,8 +360,9 @@ def report(run_dir, *more_run_dirs) -> tuple[str, str]:
   parts = [f"# Coverage: predicted vs measured unseen accuracy ({summary['experiment']}, "
            f"preset {summary['preset']})\n",
            f"![coverage](plots/{PLOT_FILE})\n",
-           "Predicted: `boolean.class_coverage` (covered unseen points answered as the seen "
-           "data answers their class, the rest at the MDI). Measured: `accuracy_unseen`, "
+           "Predicted: `boolean_coverage.class_coverage` (covered unseen points answered as "
+           "the seen data answers their class, the rest at the MDI). Measured: "
+           "`accuracy_unseen`, "
            "mean ± population std over the non-diverged seeds; seeds = with a value / all.\n",
            coverage_table(rows), "## The tasks\n", prediction_table(predictions(names))]
   if others:

@@ -271,6 +271,45 @@ def cyclic_prior(n_bits: int = 15, window: int = 3, strength: float = 4.0,
   return boolean_prior(n_bits, range(n_bits), strength, support_edges=edges, **options)
 
 
+def from_interactions(interactions_UU: np.ndarray | jax.Array, strength: float = 4.0, *,
+                      threshold: float | None = None, **options) -> jax.Array:
+  """A prior from an interaction graph over the `U` input units (bits), in the form of the
+  hand-written Boolean priors: the units that interact read each other, CLS reads them.
+
+  For a structure that was discovered rather than known (a learned mask read out, a
+  learned function's Fourier coefficients; see `mpx.tasks.boolean_discover`).
+  `interactions_UU[i, j]` says that units i and j interact (either direction counts: the
+  graph is symmetrised); the diagonal marks the units the target depends on at all (the
+  support), and a unit in any pair is in the support too. Boolean, or scores (a pooled
+  σ(M), a pair's Fourier weight) with `threshold`: a score ≥ threshold interacts.
+  `options` are `boolean_adjacency`'s (CLS token and policies; by default CLS reads CLS
+  and the support, support units read each other's pairs, themselves and CLS, other units
+  only themselves). Returns `[U + 1, U + 1]` logits with CLS, `[U, U]` without.
+  """
+  scores = np.asarray(interactions_UU)
+  if scores.ndim != 2 or scores.shape[0] != scores.shape[1] or scores.shape[0] < 1:
+    raise ValueError(f"interactions_UU must be a square [U, U] array over the input units; "
+                     f"got shape {scores.shape}.")
+  if scores.dtype == np.bool_:
+    if threshold is not None:
+      raise ValueError("threshold applies to scores; a boolean graph takes none.")
+    graph = scores
+  elif threshold is None:
+    raise ValueError(f"interactions_UU holds {scores.dtype} scores: give a threshold (a "
+                     "score >= threshold interacts), or pass a boolean graph.")
+  else:
+    graph = scores >= threshold
+  graph = graph | graph.T
+  pairs = [(int(i), int(j)) for i, j in zip(*np.nonzero(np.triu(graph, 1)))]
+  support = sorted(set(np.flatnonzero(np.diag(graph)).tolist())
+                   | {u for pair in pairs for u in pair})
+  if not support:
+    raise ValueError("the interaction graph is empty (no unit in the support, no pair): "
+                     "there is no structure to build a prior from; use priors.neutral(...) "
+                     "for standard attention.")
+  return boolean_prior(scores.shape[0], support, strength, support_edges=pairs, **options)
+
+
 # --------------------------------------------------------------------------- arithmetic
 
 

@@ -6,7 +6,7 @@ import chex
 import numpy as np
 import pytest
 
-from mpx.tasks import boolean
+from mpx.tasks import boolean, boolean_coverage, boolean_fourier
 
 N = 15
 CUBE = 2**N
@@ -134,45 +134,46 @@ def _hand_values():
 
 
 def test_fourier_recovers_hand_made_function():
-  c = boolean.fourier_coefficients(_hand_values(), 5)
+  c = boolean_fourier.fourier_coefficients(_hand_values(), 5)
   want = np.zeros(32)
   want[0] = 2.0
   want[0b10010] = -3.0
   want[0b01101] = 0.5
   np.testing.assert_array_equal(c, want)  # dyadic arithmetic: exact.
-  assert boolean.monomial_coefficient(_hand_values(), 5, (4, 1)) == -3.0
-  assert boolean.monomial_coefficient(_hand_values(), 5, (0, 2, 3)) == 0.5
-  assert boolean.monomial_coefficient(_hand_values(), 5, (0,)) == 0.0
+  assert boolean_fourier.monomial_coefficient(_hand_values(), 5, (4, 1)) == -3.0
+  assert boolean_fourier.monomial_coefficient(_hand_values(), 5, (0, 2, 3)) == 0.5
+  assert boolean_fourier.monomial_coefficient(_hand_values(), 5, (0,)) == 0.0
 
 
 def test_fourier_matches_definition_and_roundtrip():
   rng = np.random.default_rng(0)
   n = 6
   f = rng.normal(size=2**n)
-  c = boolean.fourier_coefficients(f, n)
+  c = boolean_fourier.fourier_coefficients(f, n)
   x = boolean.cube(n)
   for s in range(2**n):
     subset = tuple(i for i in range(n) if (s >> i) & 1)
     assert abs(c[s] - np.mean(f * _chi(x, subset))) < 1e-12
-  np.testing.assert_allclose(boolean.values_from_coefficients(c, n), f, atol=1e-12)
+  np.testing.assert_allclose(boolean_fourier.values_from_coefficients(c, n), f, atol=1e-12)
   # Parseval: E[f^2] = sum_S c_S^2.
   assert abs(np.mean(f**2) - np.sum(c**2)) < 1e-12
-  assert abs(np.sum(boolean.degree_profile(c, n)) - np.mean(f**2)) < 1e-12
+  assert abs(np.sum(boolean_fourier.degree_profile(c, n)) - np.mean(f**2)) < 1e-12
 
 
 def test_degree_profile_and_evaluate_monomials():
-  c = boolean.fourier_coefficients(_hand_values(), 5)
-  np.testing.assert_array_equal(boolean.degree_profile(c, 5), [4.0, 0.0, 9.0, 0.25, 0.0, 0.0])
-  got = boolean.evaluate_monomials(_HAND, boolean.cube(5))
+  c = boolean_fourier.fourier_coefficients(_hand_values(), 5)
+  np.testing.assert_array_equal(boolean_fourier.degree_profile(c, 5),
+                                [4.0, 0.0, 9.0, 0.25, 0.0, 0.0])
+  got = boolean_fourier.evaluate_monomials(_HAND, boolean.cube(5))
   assert got.dtype == np.float32
   np.testing.assert_array_equal(got, _hand_values())
 
 
 def test_fourier_rejects_wrong_length():
   with pytest.raises(ValueError, match="one value per cube point"):
-    boolean.fourier_coefficients(np.zeros(31), 5)
+    boolean_fourier.fourier_coefficients(np.zeros(31), 5)
   with pytest.raises(ValueError, match="distinct bit indices"):
-    boolean.monomial_coefficient(np.zeros(32), 5, (1, 1))
+    boolean_fourier.monomial_coefficient(np.zeros(32), 5, (1, 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,32 +182,32 @@ def test_fourier_rejects_wrong_length():
 
 def _interpolates_seen(task, coeffs):
   x, y = boolean.make_splits(task, 0)["seen"]
-  got = boolean.evaluate_monomials(coeffs, x).astype(np.float64)
+  got = boolean_fourier.evaluate_monomials(coeffs, x).astype(np.float64)
   return np.max(np.abs(got - y))
 
 
 def test_mdi_2parity():
   task = boolean.get_task("2parity")
-  mdi = boolean.min_degree_interpolator(task)
+  mdi = boolean_fourier.min_degree_interpolator(task)
   _assert_coeffs_close(mdi, {(0,): 1.0, (1,): 1.0, (): -1.0})
   assert _interpolates_seen(task, mdi) < 1e-6
-  m = boolean.function_metrics(boolean.mdi_values(task), task)
+  m = boolean_fourier.function_metrics(boolean_fourier.mdi_values(task), task)
   assert m["accuracy"] == 0.75 and m["accuracy_unseen"] == 0.0
   assert m["loss"] == 4.0 and m["loss_unseen"] == 16.0  # MDI = -3 where the target is +1.
 
 
 def test_mdi_majority3():
   task = boolean.get_task("majority3")
-  mdi = boolean.min_degree_interpolator(task)
+  mdi = boolean_fourier.min_degree_interpolator(task)
   _assert_coeffs_close(mdi, {(0,): 0.5, (1,): 0.5, (2,): 1.0, (0, 2): -0.5, (1, 2): -0.5})
   assert _interpolates_seen(task, mdi) < 1e-6
-  m = boolean.function_metrics(boolean.mdi_values(task), task)
+  m = boolean_fourier.function_metrics(boolean_fourier.mdi_values(task), task)
   assert m["accuracy"] == 0.875 and m["accuracy_unseen"] == 0.5
 
 
 def test_mdi_cyclic3():
   task = boolean.get_task("cyclic3")
-  mdi = boolean.min_degree_interpolator(task)
+  mdi = boolean_fourier.min_degree_interpolator(task)
   assert _interpolates_seen(task, mdi) < 1e-6
   # Only the triple x0 x1 x2 is lowered: x0x1x2 + 8 * 1[x0=x1=x2=-1] has no degree-3 part.
   want = {tuple(sorted((i, (i + 1) % N, (i + 2) % N))): 1.0 for i in range(1, N)}
@@ -215,9 +216,9 @@ def test_mdi_cyclic3():
   _assert_coeffs_close(mdi, want)
   _, y = boolean.make_splits(task, 0)["test"]
   seen = task.seen(boolean.cube(N))
-  diff = boolean.mdi_values(task) - y
+  diff = boolean_fourier.mdi_values(task) - y
   assert (diff[seen] == 0).all() and (diff[~seen] == 8).all()  # f on seen, f + 8 on unseen.
-  m = boolean.function_metrics(boolean.mdi_values(task), task)
+  m = boolean_fourier.function_metrics(boolean_fourier.mdi_values(task), task)
   # Wrong sign exactly where f in {-7, -5, -3, -1} on the unseen part: 231+500+780+840 points.
   assert np.sum(np.isin(y[~seen], [-7, -5, -3, -1])) == 2_351
   assert m["accuracy"] == (CUBE - 2_351) / CUBE  # 0.92825
@@ -228,8 +229,8 @@ def test_mdi_cyclic3():
 
 def test_mdi_values_cached_and_read_only():
   task = boolean.get_task("2parity")
-  v = boolean.mdi_values(task)
-  assert v is boolean.mdi_values(task)
+  v = boolean_fourier.mdi_values(task)
+  assert v is boolean_fourier.mdi_values(task)
   assert v.dtype == np.float32 and v.shape == (CUBE,)
   with pytest.raises(ValueError):
     v[0] = 1.0
@@ -237,9 +238,9 @@ def test_mdi_values_cached_and_read_only():
 
 def test_mdi_weighted_penalty_approaches_exact_limit():
   task = boolean.get_task("majority3")
-  exact = boolean.min_degree_interpolator(task)
+  exact = boolean_fourier.min_degree_interpolator(task)
   for w in (1e2, 1e4):
-    approx = boolean.min_degree_interpolator(task, weight=w)
+    approx = boolean_fourier.min_degree_interpolator(task, weight=w)
     assert _interpolates_seen(task, approx) < 1e-6
     _assert_coeffs_close(approx, exact, atol=10.0 / w)
     assert max(abs(approx.get(k, 0.0) - exact.get(k, 0.0)) for k in exact) > 0.01 / w
@@ -247,12 +248,12 @@ def test_mdi_weighted_penalty_approaches_exact_limit():
 
 def test_mdi_max_degree():
   task = boolean.get_task("2parity")
-  _assert_coeffs_close(boolean.min_degree_interpolator(task, max_degree=1),
+  _assert_coeffs_close(boolean_fourier.min_degree_interpolator(task, max_degree=1),
                        {(0,): 1.0, (1,): 1.0, (): -1.0})
   with pytest.raises(ValueError, match="no interpolant .* degree <= 0"):
-    boolean.min_degree_interpolator(task, max_degree=0)
+    boolean_fourier.min_degree_interpolator(task, max_degree=0)
   with pytest.raises(ValueError, match="degree <= 2"):
-    boolean.min_degree_interpolator(boolean.get_task("cyclic3"), max_degree=2)
+    boolean_fourier.min_degree_interpolator(boolean.get_task("cyclic3"), max_degree=2)
 
 
 def test_mdi_reduction_matches_full_basis_penalty():
@@ -262,9 +263,9 @@ def test_mdi_reduction_matches_full_basis_penalty():
   """
   n = 6
   coeffs = {(1, 3): 1.0, (0, 1, 3): -2.0, (3, 5): 0.5, (2,): 1.5, (0, 1, 2, 3, 4): 0.25}
-  task = boolean.make_task("toy", lambda x: boolean.evaluate_monomials(coeffs, x),
+  task = boolean.make_task("toy", lambda x: boolean_fourier.evaluate_monomials(coeffs, x),
                            lambda x: (x[:, 1] > 0) | (x[:, 3] > 0), n)
-  exact = boolean.min_degree_interpolator(task)
+  exact = boolean_fourier.min_degree_interpolator(task)
   assert _interpolates_seen(task, exact) < 1e-6
 
   x = boolean.cube(n).astype(np.float64)
@@ -293,7 +294,7 @@ def test_mdi_reduction_matches_full_basis_penalty():
 def test_metrics_of_exact_target(name):
   task = boolean.get_task(name)
   _, y = boolean.make_splits(task, 0)["test"]
-  m = boolean.function_metrics(y, task, mdi_values_P=boolean.mdi_values(task))
+  m = boolean_fourier.function_metrics(y, task, mdi_values_P=boolean_fourier.mdi_values(task))
   assert m["accuracy"] == 1.0 and m["accuracy_unseen"] == 1.0
   assert m["loss"] == 0.0 and m["loss_unseen"] == 0.0
   assert m["target_distance_unseen"] == 0.0
@@ -307,22 +308,23 @@ def test_metrics_of_exact_target(name):
 
 def test_metrics_zero_prediction_is_wrong_and_shapes_checked():
   task = boolean.get_task("2parity")
-  m = boolean.function_metrics(np.zeros(CUBE), task)
+  m = boolean_fourier.function_metrics(np.zeros(CUBE), task)
   assert m["accuracy"] == 0.0 and m["loss"] == 1.0
-  m = boolean.function_metrics(np.ones((CUBE, 1), np.float32), task)  # [P, 1] readout is fine.
+  # A [P, 1] readout is fine.
+  m = boolean_fourier.function_metrics(np.ones((CUBE, 1), np.float32), task)
   assert m["accuracy"] == 0.5
   with pytest.raises(ValueError, match="one value per cube point"):
-    boolean.function_metrics(np.zeros(100), task)
+    boolean_fourier.function_metrics(np.zeros(100), task)
 
 
 def test_distance_to():
   a = np.array([0.0, 1.0, 2.0, 3.0])
   b = np.array([0.0, 0.0, 0.0, 7.0])
-  assert boolean.distance_to(a, b, np.array([False, True, True, False])) == pytest.approx(
+  assert boolean_fourier.distance_to(a, b, np.array([False, True, True, False])) == pytest.approx(
       np.sqrt(2.5))
-  assert boolean.distance_to(a, b) == pytest.approx(np.sqrt((1 + 4 + 16) / 4))
+  assert boolean_fourier.distance_to(a, b) == pytest.approx(np.sqrt((1 + 4 + 16) / 4))
   with pytest.raises(ValueError, match="selects no points"):
-    boolean.distance_to(a, b, np.zeros(4, bool))
+    boolean_fourier.distance_to(a, b, np.zeros(4, bool))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,12 +385,12 @@ def test_make_splits_bad_seed():
 
 def test_task_monomials_cover_target_and_mdi():
   parity = boolean.get_task("2parity")
-  assert boolean.task_monomials(parity) == ((), (0,), (1,), (0, 1))
-  assert [boolean.monomial_label(s) for s in boolean.task_monomials(parity)] == [
+  assert boolean_fourier.task_monomials(parity) == ((), (0,), (1,), (0, 1))
+  assert [boolean_fourier.monomial_label(s) for s in boolean_fourier.task_monomials(parity)] == [
       "1", "x0", "x1", "x0x1"]
-  majority = boolean.task_monomials(boolean.get_task("majority3"))
+  majority = boolean_fourier.task_monomials(boolean.get_task("majority3"))
   assert {(0,), (1,), (2,), (0, 2), (1, 2), (0, 1, 2)} <= set(majority)
-  cyclic = boolean.task_monomials(boolean.get_task("cyclic3"))
+  cyclic = boolean_fourier.task_monomials(boolean.get_task("cyclic3"))
   assert len([s for s in cyclic if len(s) == 3]) == 15 and () in cyclic
 
 
@@ -414,12 +416,12 @@ def test_probe_points_cover_both_domains_in_proportion(name):
 
 def test_coverage_2parity_has_no_seen_class_for_its_unseen_sum():
   # Unseen x0 = x1 = −1 has sum −2; every seen point has x0 + x1 ∈ {0, 2}.
-  cov = boolean.class_coverage(boolean.get_task("2parity"), [(0, 1)])
+  cov = boolean_coverage.class_coverage(boolean.get_task("2parity"), [(0, 1)])
   assert cov.covered_fraction == 0.0 and not cov.covered_U.any()
   assert cov.predicted_accuracy_unseen == cov.mdi_accuracy_unseen == 0.0
   np.testing.assert_allclose(cov.predicted_U, -3.0, atol=1e-5)  # The MDI x0 + x1 − 1.
   # As one window, its unseen pattern (−1, −1) never occurs among the seen points either.
-  window = boolean.class_coverage(boolean.get_task("2parity"), [(0, 1)], kind="window")
+  window = boolean_coverage.class_coverage(boolean.get_task("2parity"), [(0, 1)], kind="window")
   assert window.covered_fraction == 0.0 and window.predicted_accuracy_unseen == 0.0
 
 
@@ -427,7 +429,7 @@ def test_coverage_majority_covers_the_half_with_sum_minus_one():
   # Unseen x0 = x1 = −1: x2 = +1 gives sum −1, seen as (+1, −1, −1) with target −1;
   # x2 = −1 gives sum −3, never seen, where the MDI (−1 + 2·x2 = −3) is right anyway.
   task = boolean.get_task("majority3")
-  cov = boolean.class_coverage(task, [(0, 1, 2)])
+  cov = boolean_coverage.class_coverage(task, [(0, 1, 2)])
   x_unseen = boolean.cube(15)[~task.seen(boolean.cube(15))]
   np.testing.assert_array_equal(cov.covered_U, x_unseen[:, 2] > 0)
   np.testing.assert_allclose(cov.predicted_U[cov.covered_U], -1.0)
@@ -438,12 +440,12 @@ def test_coverage_majority_covers_the_half_with_sum_minus_one():
 def test_coverage_three_bit_parity_is_half_covered():
   task = boolean.make_task("parity3", lambda x: x[:, 0] * x[:, 1] * x[:, 2],
                            lambda x: (x[:, 0] > 0) | (x[:, 1] > 0), 15, support=(0, 1, 2))
-  cov = boolean.class_coverage(task, [task.support])
+  cov = boolean_coverage.class_coverage(task, [task.support])
   x = boolean.cube(15)[~task.seen(boolean.cube(15))]
   # x2 = +1: sum −1, seen only at targets +1 → predicted +1, right; x2 = −1: sum −3, unseen.
   np.testing.assert_array_equal(cov.covered_U, x[:, 2] > 0)
   np.testing.assert_allclose(cov.predicted_U[cov.covered_U], 1.0)
-  mdi = boolean.mdi_values(task)[~task.seen(boolean.cube(15))]
+  mdi = boolean_fourier.mdi_values(task)[~task.seen(boolean.cube(15))]
   np.testing.assert_allclose(cov.predicted_U[~cov.covered_U], mdi[~cov.covered_U])
   expected = 0.5 + 0.5 * np.mean(np.sign(mdi[x[:, 2] < 0]) == -1.0)
   assert cov.predicted_accuracy_unseen == pytest.approx(expected)
@@ -454,12 +456,12 @@ def test_coverage_cyclic3_windows_all_occur_in_the_seen_data():
   # per-pattern value summed over windows represents Σ x_i x_{i+1} x_{i+2} exactly.
   task = boolean.get_task("cyclic3")
   windows = [tuple((i + j) % 15 for j in range(3)) for i in range(15)]
-  cov = boolean.class_coverage(task, windows, kind="window")
+  cov = boolean_coverage.class_coverage(task, windows, kind="window")
   assert cov.covered_fraction == 1.0 and cov.predicted_accuracy_unseen == 1.0
   y = boolean.make_splits(task, 0)["test"][1][~task.seen(boolean.cube(15))]
   np.testing.assert_allclose(cov.predicted_U, y, atol=1e-6)
   # As sums instead, the joint tuple of 15 window sums is the point itself: nothing seen.
-  assert boolean.class_coverage(task, windows, kind="sum").covered_fraction == 0.0
+  assert boolean_coverage.class_coverage(task, windows, kind="sum").covered_fraction == 0.0
 
 
 def test_coverage_rejects_bad_groups():
@@ -468,7 +470,7 @@ def test_coverage_rejects_bad_groups():
                               ([(0, 1)], "product", "kind"),
                               ([(0, 1), (2,)], "window", "one length")):
     with pytest.raises(ValueError, match=match):
-      boolean.class_coverage(task, groups, kind=kind)
+      boolean_coverage.class_coverage(task, groups, kind=kind)
 
 
 def test_interaction_groups_must_cover_the_support():

@@ -45,13 +45,21 @@ def run_page(page: str) -> dict:
 def _check_readme(namespace, cwd):
   """The functional block trains the mask; the engine block: 8 members of a linear
   regression, the large learning rate fits it, the small one has barely moved in 300
-  steps."""
+  steps; the discovery block trains both stages."""
   del cwd
   assert namespace["grads"]["mask_logits"].shape == (17, 17)
   assert float(abs(namespace["grads"]["mask_logits"]).max()) > 0
   mse = [m["mse"] for m in namespace["metrics"]]
   assert len(mse) == 8
   assert max(mse[4:]) < 1e-3 < min(mse[:4])
+  # Discovery on the registered task: stage 2's arms trained with the graphs they read.
+  members = namespace["summary"]["members"]
+  assert [(m["task"], m["scheme"]) for m in members] == [
+      ("mine", s) for s in ("default", "learned", "discovered_mask", "discovered_fourier")]
+  for member in members[2:]:
+    assert 0 <= member["metrics"]["bit_recall"] <= 1, member["metrics"]
+  for route in ("mask", "fourier"):  # tiny learns nothing: the plumbing, not the graph.
+    assert {"bits", "pairs", "bit_recall"} <= set(namespace["found"][route])
 
 
 def _check_boolean(namespace, cwd):

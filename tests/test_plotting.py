@@ -301,6 +301,8 @@ def test_token_labels_by_family():
   assert plotting.token_labels(vit, "digits", 16)[-1] == "3,3"
   gotu = {"experiment": "boolean_gotu", "config": {}}
   assert plotting.token_labels(gotu, "2parity", 16) == ["CLS", *(f"x{i}" for i in range(15))]
+  discover = {"experiment": "discover_prior", "config": {}}
+  assert plotting.token_labels(discover, "2parity", 16) == ["CLS", *(f"x{i}" for i in range(15))]
   positions = [str(i) for i in range(5)]
   assert plotting.token_labels({"experiment": "language"}, "kjv-bytes", 5) == positions
   assert plotting.token_labels(vit, "digits", 5) == positions  # Not its layout: positions.
