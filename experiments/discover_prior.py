@@ -386,6 +386,9 @@ def fingerprint(config: Config) -> dict:
 
 def build_groups(config: Config):
   """Per task: stage 1 (default, learned), then stage 2 (the priors), in that order."""
+  if jax.process_count() > 1:  # Stage 2 reads stage 1's checkpoint where process 0 wrote it.
+    raise ValueError(f"{NAME} runs in one process (stage 2 reads stage 1's checkpoint from "
+                     "the local run folder); run it without --distributed.")
   groups = []
   for task in config.tasks:
     stage1 = None

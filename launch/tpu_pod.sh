@@ -72,7 +72,7 @@ options:
 environment (required where a subcommand needs it):
   TPU_NAME          name of the slice, e.g. TPU_NAME=mpx-v4-32
   ZONE              zone with that accelerator type, e.g. ZONE=us-central2-b
-  ACCELERATOR_TYPE  (create) e.g. ACCELERATOR_TYPE=v4-32 (16 chips on 4 workers)
+  ACCELERATOR_TYPE  (create, watch) e.g. ACCELERATOR_TYPE=v4-32 (16 chips on 4 workers)
   PROJECT           e.g. PROJECT=my-project (default: gcloud config get-value project)
   MPX_OUT           (run, fetch, watch) the run folder in a bucket the workers can write,
                     gs://BUCKET/PATH, e.g. MPX_OUT=gs://my-bucket/mpx/boolean_paper (the
@@ -82,7 +82,7 @@ optional:
                     tpu-ubuntu2204-base, v5e v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5, v6e
                     v2-alpha-tpuv6e)
   TPU_SPOT=1        (create) a Spot slice: cheaper, can be preempted (watch re-creates it)
-  TPU_QUEUED=1      (create, delete, watch) through a queued resource named TPU_NAME: the
+  TPU_QUEUED=1      (create, delete, status, watch) through a queued resource named TPU_NAME: the
                     request waits in a queue until capacity is there
   MPX_PYTHON        (install) the Python of the environment you run mpx in here, whose jax
                     version and dependency versions the workers get (default: python3)
@@ -499,11 +499,10 @@ step_watch() {
         fi
         # In processes of their own, so that a failure (no capacity for a Spot slice, say)
         # is one more attempt, not the end of the watch.
-        if again --interval "$interval" create && again install; then
-          step_run "$@"
+        if again --interval "$interval" create && again install && again run -- "$@"; then
           started=1
         else
-          restart "creating or installing the slice failed (above)"
+          restart "creating, installing or starting on the slice failed (above)"
           started=0  # (its absence next time is this failure's, already counted)
         fi
         sleep "$interval"
@@ -528,20 +527,20 @@ step_watch() {
         ;;
       none)
         say "no job on the slice: installing and starting it"
-        if again install; then
-          step_run "$@"
+        if again install && again run -- "$@"; then
           started=1
         else
-          restart "installing failed (above)"
+          restart "installing or starting the job failed (above)"
         fi
         ;;
       restart)
         restart "the job stopped (preempted or killed) on a worker"
-        step_stop
-        step_run "$@"
+        # In processes of their own: a failed ssh (a slice going down) is checked again.
+        again --grace "$grace" stop || say "stopping the job failed (above); starting it anyway"
+        again run -- "$@" || say "starting the job failed (above); checking again in $interval s"
         ;;
       failed*)
-        step_stop
+        again --grace "$grace" stop || say "stopping the other workers' jobs failed (above)"
         say "the job failed with status ${job#failed } (1 failed, 2 error, 3 refused: see launch/README.md); its log: bash launch/tpu_pod.sh logs. Fix the cause, then run watch again: the run continues from its checkpoints"
         exit "${job#failed }"
         ;;

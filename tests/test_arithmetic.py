@@ -209,8 +209,10 @@ def test_schemes_on_decoder_params(scheme, decoder_params):
   assert np.isfinite(jax.jit(MODEL.apply)({"params": out}, tokens)).all()
 
 
-def test_tiny_preset_end_to_end(tmp_path):
+def test_tiny_preset_end_to_end(tmp_path, capsys):
   assert cli.main(["run", "arithmetic", "--preset", "tiny", "--out", str(tmp_path)]) == 0
+  err = capsys.readouterr().err  # Every figure is drawn ("no plots: ..." if one fails).
+  assert "plots: " in err and "no plots" not in err
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert {m["scheme"] for m in summary["members"]} == {"default", "mask"}
   metrics = {m["scheme"]: m["metrics"] for m in summary["members"]}

@@ -169,3 +169,19 @@ def test_setup_cfg_ships_every_package():
   found = set(setuptools.find_packages(str(root), include=["mpx", "mpx.*"]))
   assert listed == found | {"mpx.experiments"}
   assert "mpx.experiments = experiments" in cfg["options"]["package_dir"]
+
+
+@pytest.mark.parametrize("experiment", ["boolean_gotu", "arithmetic", "vision", "language"])
+@pytest.mark.parametrize("setting, named", [
+    ("mask_strength=-1", "mask_strength=-1.0 must be a finite number > 0"),
+    ("weight_decay=-1", "weight_decay=-1.0 must be a finite number >= 0"),
+    ("mask_lr_multiplier=nan", "mask_lr_multiplier=nan must be a finite number >= 0")])
+def test_a_bad_shared_value_names_its_config_key_in_every_family(experiment, setting, named,
+                                                                 tmp_path, capsys):
+  """Checked when the config is built, before any scheme code would fail on it."""
+  out = tmp_path / "run"
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", experiment, "--preset", "tiny", "--out", str(out), "--set", setting])
+  assert exit_info.value.code == 2
+  assert named in capsys.readouterr().err
+  assert not out.exists()

@@ -176,6 +176,9 @@ def test_run_saves_its_bpe_and_reports_steps_to_target(tmp_path, capsys):
   for s in sets:
     args += ["--set", s]
   assert cli.main(args) == 0
+  err = capsys.readouterr().err  # Every figure of a language run is drawn.
+  assert "plots: " in err and "no plots" not in err
+  assert (out / "plots" / "overview.png").exists()
   saved = text.load_tokenizer(out / language.TOKENIZER_DIR)
   assert saved.name == "bpe300" and saved.vocab_size == 300
   members = json.loads((out / "summary.json").read_text())["members"]

@@ -457,7 +457,7 @@ def test_pod_watch_recreates_a_preempted_slice_and_restarts_a_stopped_job(pod, t
   assert verbs.count("tpu-vm create") == 3 and verbs.count("tpu-vm delete") == 1, verbs
   assert "the slice is PREEMPTED: restart 1 of at most 10" in result.stderr
   assert "no more capacity" in result.stderr
-  assert "creating or installing the slice failed (above): restart 2 of at most 10" in result.stderr
+  assert "creating, installing or starting on the slice failed (above): restart 2 of at most 10" in result.stderr
   assert "the job stopped (preempted or killed) on a worker: restart 3 of at most 10" in result.stderr
   starts = _starts(root)
   assert len(starts) == 6 and len(set(starts)) == 1, starts  # 3 starts x 2 workers, one command.
@@ -521,12 +521,17 @@ def test_pod_watch_stops_at_the_restart_limit_and_on_a_failure(pod, tmp_path):
 
 # --- local.sh --------------------------------------------------------------------------------
 
-FLAKY = """import os, signal, sys, pathlib
-count = pathlib.Path(sys.argv[1]) / f"starts-{os.environ['MPX_PROCESS_ID']}"
+FLAKY = """import os, signal, sys, pathlib, time
+root, me = pathlib.Path(sys.argv[1]), os.environ['MPX_PROCESS_ID']
+count = root / f"starts-{me}"
 n = int(count.read_text()) if count.exists() else 0
 count.write_text(str(n + 1))
-print("start", n, "port", os.environ["MPX_COORDINATOR"].split(":")[1])
-if os.environ["MPX_PROCESS_ID"] == "1" and n < int(sys.argv[2]):
+print("start", n, "port", os.environ["MPX_COORDINATOR"].split(":")[1], flush=True)
+(root / f"printed-{me}-{n}").touch()
+if me == "1" and n < int(sys.argv[2]):
+  deadline = time.time() + 60  # Process 0 has started and printed (it may lag under load).
+  while not (root / f"printed-0-{n}").exists() and time.time() < deadline:
+    time.sleep(0.01)
   os.kill(os.getpid(), getattr(signal, sys.argv[3]))
 """
 
@@ -546,8 +551,8 @@ def test_local_restarts_are_bounded(tmp_path, signum, status):
   assert result.stderr.count(f"after exit status {status}") == 2
   ports = set(re.findall(r"\[0\] start \d port (\d+)", result.stdout))
   assert len(ports) == 3, result.stdout
-  for name in ("starts-0", "starts-1"):
-    (tmp_path / name).unlink()
+  for path in [*tmp_path.glob("starts-*"), *tmp_path.glob("printed-*")]:
+    path.unlink()
   result = run("--restarts", "1")
   assert result.returncode == status, result.stderr
   assert (tmp_path / "starts-1").read_text() == "2"

@@ -164,6 +164,26 @@ def test_decoding_steps_equal_the_causal_pass():
       jnp.ones((B, N))))).max() > 1e-2
 
 
+def test_neutral_prior_decodes_as_flax_bit_for_bit():
+  """decode=True with a KV cache, step by step: the neutral drop-in's every step is
+  Flax's decoder's, on the same params and cache."""
+  flax_mha, drop_in = _pair()
+  flax_dec, mpx_dec = flax_mha.clone(decode=True), drop_in.clone(decode=True)
+  x = _x(1)
+  flax_vars = flax_dec.init(jax.random.key(0), x)
+  params = mpx.merge_params(mpx_dec.init(jax.random.key(0), x)["params"],
+                            flax_vars["params"])
+  caches = {"flax": flax_vars["cache"], "mpx": flax_vars["cache"]}
+  for t in range(N):
+    outs = {}
+    for name, module, p in (("flax", flax_dec, flax_vars["params"]), ("mpx", mpx_dec, params)):
+      outs[name], state = module.apply({"params": p, "cache": caches[name]}, x[:, t:t + 1],
+                                       mutable=["cache"])
+      caches[name] = state["cache"]
+    np.testing.assert_array_equal(outs["mpx"], outs["flax"])
+  jax.tree.map(np.testing.assert_array_equal, caches["mpx"], caches["flax"])
+
+
 def test_flax_checkpoint_loads_through_merge_params(tmp_path):
   flax_mha, drop_in = _pair()
   x = _x(1)

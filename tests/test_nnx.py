@@ -182,6 +182,18 @@ def test_decode_step_by_step_equals_a_causal_pass():
     model(x[:, :1], decode=True)
 
 
+def test_neutral_drop_in_decodes_as_flax_bit_for_bit():
+  """decode=True with a KV cache, step by step, on the same weights: every step equals
+  Flax's decoder's."""
+  flax_mha, ours = _pair(decode=False)
+  x = _x(1)
+  for module in (flax_mha, ours):
+    module.init_cache(x.shape)
+  for t in range(N):
+    np.testing.assert_array_equal(ours(x[:, t:t + 1], decode=True),
+                                  flax_mha(x[:, t:t + 1], decode=True))
+
+
 def test_wrong_token_counts_name_the_argument():
   model = mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"num_tokens=\(5, 5\).*num_tokens=4"):
@@ -260,6 +272,18 @@ def test_mask_is_exempt_from_weight_decay_in_nnx_state():
   for name in ("query", "key", "value", "out"):
     assert np.abs(new[name]["kernel"]).sum() < np.abs(old[name]["kernel"]).sum(), name
   np.testing.assert_array_equal(new["mask_logits"], prior)
+  # A family's no_decay rules match NNX state paths as they match Linen params.
+  no_bias_decay = make_optimizer(OptimConfig(optimizer="adamw", no_decay=(r"(.*/)?bias",)), {
+      "learning_rate": 0.1, "weight_decay": 0.5, "mask_lr_multiplier": 1.0})
+  biased = build()
+  for name in ("query", "key", "value", "out"):  # Non-zero biases, which decay would move.
+    getattr(biased, name).bias[...] = jnp.ones_like(getattr(biased, name).bias[...])
+  params = nnx.state(biased, nnx.Param)
+  updates, _ = no_bias_decay.update(zeros, no_bias_decay.init(params), params)
+  kept = nnx.to_pure_dict(optax.apply_updates(params, updates))
+  for name in ("query", "key", "value", "out"):
+    assert np.abs(kept[name]["kernel"]).sum() < np.abs(old[name]["kernel"]).sum(), name
+    np.testing.assert_array_equal(kept[name]["bias"], 1.0)
   # The same through nnx.Optimizer, which hands optax the arrays without `.value`, and
   # with plain optax given `mpx.not_masks`.
   for tx in (tx, optax.adamw(0.1, weight_decay=0.5, mask=mpx.not_masks)):

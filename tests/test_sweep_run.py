@@ -360,3 +360,16 @@ def test_shared_config_fields_are_checked_for_every_experiment(name):
     config_lib.make_config(experiment, "tiny", ["schemes=mask,qk"])
   with pytest.raises(ValueError, match="width=0 must be >= 1"):
     config_lib.make_config(experiment, "tiny", ["width=0"])
+
+
+def test_a_folder_written_before_fingerprints_still_resumes():
+  """A config.json without a fingerprint (mpx before fingerprints) is compared on its
+  config alone; one with a fingerprint is compared on it too."""
+  saved = {"experiment": "boolean_gotu", "preset": "tiny", "config": {"steps": 8},
+           "fingerprint": {"2parity": {"support": [0, 1]}}}
+  before_fingerprints = {k: v for k, v in saved.items() if k != "fingerprint"}
+  assert run._config_differences(before_fingerprints, saved) == []
+  changed = saved | {"fingerprint": {"2parity": {"support": [0, 2]}}}
+  assert run._config_differences(changed, saved) == ["fingerprint.2parity"]
+  assert run._config_differences(before_fingerprints | {"config": {"steps": 9}}, saved) == [
+      "steps"]

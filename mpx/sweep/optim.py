@@ -79,7 +79,11 @@ def schedule_shape(config: OptimConfig) -> optax.Schedule:
 
 
 def param_path(path) -> str:
-  """A pytree key path as the `no_decay` rules match it: "block_0/attention/query/bias"."""
+  """A pytree key path as the `no_decay` rules match it: "block_0/attention/query/bias",
+  for Linen params and NNX state alike (the latter's trailing `.value` is dropped)."""
+  path = tuple(path)
+  if path and getattr(path[-1], "name", None) == "value":
+    path = path[:-1]
   return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
