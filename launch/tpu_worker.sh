@@ -129,16 +129,24 @@ cmd_job() {  # (internal) the detached job: COMMAND, its exit status, the log co
   ) &
   local syncer=$! job status seen signals=0
   # SIGTERM (stop) reaches COMMAND through the process group; this shell waits for it.
+  # COMMAND's status is written by a subshell that runs it in the foreground: a `wait`
+  # interrupted by the signal and re-entered after bash reaped the job returns no status.
   trap 'signals=$((signals + 1))' TERM
-  "$@" </dev/null &
+  rm -f "$exit_file.part"
+  (trap : TERM; code=0; "$@" </dev/null || code=$?; echo "$code" >"$exit_file.part") &
   job=$!
   echo "$$" >"$pid_file"  # The process group (this session) is the job's.
   while :; do
-    seen=$signals status=0
-    wait "$job" || status=$?
-    ((signals != seen)) || break  # returned without a signal: COMMAND's own status
+    seen=$signals
+    wait "$job" || true
+    ((signals != seen)) || break  # returned without a signal: the subshell has ended
   done
   kill "$syncer" 2>/dev/null || true
+  if ! status=$(<"$exit_file.part"); then
+    status=1
+    echo "mpx-worker.sh: the job ended without recording a status; recorded as 1"
+  fi
+  rm -f "$exit_file.part"
   echo "$status" >"$exit_file"
   echo "mpx-worker.sh: the job exited with status $status"
   copy_log "$log" "$log_dir"

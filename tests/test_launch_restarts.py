@@ -536,6 +536,29 @@ if me == "1" and n < int(sys.argv[2]):
 """
 
 
+def test_worker_job_records_the_status_of_a_stopped_command(tmp_path):
+  """`stop` sends SIGTERM to the job's whole process group, wrapper included. The status
+  the wrapper records must be the command's own (143 here) however the signal and the
+  command's exit interleave: a re-entered `wait` once recorded -1 in about half the tries."""
+  command = ["bash", "-c", 'trap "exit 143" TERM; echo started >"$0"; sleep 100 & wait',
+             str(tmp_path / "started")]
+  statuses = []
+  for attempt in range(20):
+    for name in ("pid", "exit", "started"):
+      (tmp_path / name).unlink(missing_ok=True)
+    job = subprocess.Popen(
+        ["setsid", "bash", str(LAUNCH / "tpu_worker.sh"), "_job", str(tmp_path / "pid"),
+         str(tmp_path / "exit"), str(tmp_path / "log"), str(tmp_path / "logs"), *command],
+        env=_env(tmp_path, MPX_LOG_SYNC="100"), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    _eventually(lambda: (tmp_path / "started").exists(), bool, timeout=30)
+    time.sleep(0.01 * (attempt % 5))  # The signal at several points of the command's life.
+    os.killpg(int((tmp_path / "pid").read_text()), signal.SIGTERM)
+    job.wait(timeout=30)
+    statuses.append((tmp_path / "exit").read_text().strip())
+  assert statuses == ["143"] * 20
+
+
 @pytest.mark.parametrize("signum, status", [("SIGKILL", 137), ("SIGTERM", 143)])
 def test_local_restarts_are_bounded(tmp_path, signum, status):
   """Process 1 dies (SIGKILL) or is stopped (SIGTERM) on its first 2 starts: with the
