@@ -370,6 +370,13 @@ def test_per_seed_streams_train_each_member_as_on_its_own_stream():
                                 engine.unstack(alone.params, 0), atol=1e-5, rtol=1e-5)
 
 
+def test_per_seed_streams_in_slices_equal_one_vmap():
+  """Each slice runs the chunk's steps on its own members' stream rows."""
+  g = per_seed_group()
+  sliced = fx.train(dataclasses.replace(g, members_per_call=2), chunk_steps=4)  # 2 + 2 + 1.
+  _assert_same_params(fx.train(g, chunk_steps=4), sliced, atol=1e-6)
+
+
 def test_per_seed_stream_resume_is_bit_exact_and_chunking_free():
   g = per_seed_group()
   whole = fx.train(g, chunk_steps=3)

@@ -431,7 +431,14 @@ def _built(experiment: types.ModuleType, configs) -> list[list[engine.Group]]:
 
 
 def _merged(groups: list[engine.Group]) -> engine.Group:
-  return groups[0] if len(groups) == 1 else engine.merge_groups(groups)
+  """The group at every value of the traced sweep, one program. Unless the config sets
+  `members_per_call`, it maps its members in slices of one value's K: on a CPU a vmap of
+  K·L members is slower per member-step than L programs of K (`benchmarks/traced_sweep.py`),
+  slices of K are not. On an accelerator set it to K·L to vmap them all at once."""
+  if len(groups) == 1:
+    return groups[0]
+  width = groups[0].members_per_call or len(groups[0].members)
+  return dataclasses.replace(engine.merge_groups(groups), members_per_call=width)
 
 
 def plan(groups: list[engine.Group], mesh, out: str, completed: dict | None) -> str:
@@ -451,7 +458,9 @@ def plan(groups: list[engine.Group], mesh, out: str, completed: dict | None) -> 
   return "\n".join([
       f"run folder: {out} ({state})",
       f"members: {sum(k for _, k, _ in sizes)} in {len(groups)} group(s) ("
-      + ", ".join(f"{name} {k}" for name, k, _ in sizes) + ")",
+      + ", ".join(f"{g.name} {k}" + (f" in slices of {g.members_per_call}"
+                                      if g.members_per_call and g.members_per_call < k
+                                      else "") for g, (_, k, _) in zip(groups, sizes)) + ")",
       f"devices: {devices} {jax.default_backend()}, {jax.process_count()} "
       f"process(es) x {jax.local_device_count()} per host; padding rows (copies filling each "
       f"group to a multiple of {devices} devices, never reported): "
