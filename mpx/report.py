@@ -87,7 +87,7 @@ def _fsync_dir(path: str) -> None:
     os.close(fd)
 
 
-def _atomic_write(path: str, text: str) -> None:
+def atomic_write(path: str, text: str) -> None:
   """Writes via a temp file and `os.replace`, so a kill leaves the old or the new file."""
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8", newline="\n") as f:
@@ -237,7 +237,7 @@ class MetricsWriter:
     with open(self.path, encoding="utf-8", newline="") as f:
       text = f.read()
     kept = [(line, r) for line, r in _parse_lines(self.path, text) if keep(r)]
-    _atomic_write(self.path, "".join(line for line, _ in kept))
+    atomic_write(self.path, "".join(line for line, _ in kept))
     return [r for _, r in kept]
 
   def write(self, records: Iterable[Mapping[str, Any]]) -> None:
@@ -496,9 +496,9 @@ def write_summary(run_dir: str | os.PathLike, *, experiment: str, preset: str,
   for heading, table in (extra_tables or {}).items():
     parts.append(f"## {heading}\n")
     parts.append(table if table.endswith("\n") else table + "\n")
-  _atomic_write(os.path.join(run_dir, SUMMARY_JSON),
+  atomic_write(os.path.join(run_dir, SUMMARY_JSON),
                 json.dumps(summary, sort_keys=True, indent=2, allow_nan=False) + "\n")
-  _atomic_write(os.path.join(run_dir, SUMMARY_MD), "\n".join(parts))
+  atomic_write(os.path.join(run_dir, SUMMARY_MD), "\n".join(parts))
   return summary
 
 

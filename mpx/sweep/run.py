@@ -539,7 +539,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     if not resume:
       run_dir.mkdir(parents=True, exist_ok=True)
       # Atomic: a kill leaves the old file or the new one, never half of it.
-      report._atomic_write(str(run_dir / "config.json"),
+      report.atomic_write(str(run_dir / "config.json"),
                            json.dumps(saved_config, indent=2) + "\n")
   distributed.barrier("mpx-run-checked")
   mesh = engine.member_mesh(devices)
