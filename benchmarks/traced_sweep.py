@@ -4,7 +4,7 @@
 
 Builds the Boolean GOTU groups of a preset (every scheme × `seeds`) at `--values`
 learning rates and times one chunk of: the group of K·L members that `--set
-learning_rate=a,b,...` trains (one program mapping its members in slices of K), the same
+learning_rate=a,b,...` trains on a CPU (one program, its members in slices of K), the same
 group vmapped whole (`members_per_call=None`), and the L groups of K members trained one
 after another (what a comma list did before it was traced). Prints member-steps per
 second of each and the ratios (> 1: faster per member-step than L groups). The setups are

@@ -49,7 +49,7 @@ def test_sweep_values_parse_lists_and_ranges():
       config_lib.sweep_values("lr", bad)
 
 
-def test_traced_lists_are_members_and_static_lists_are_groups():
+def test_traced_lists_are_members_and_static_lists_are_groups(monkeypatch):
   experiment = config_lib.load_experiment("boolean_gotu")
   _, variants = config_lib.make_configs(experiment, "tiny", [
       "learning_rate=logspace(1e-3,1e-2,3)", "mask_lr_multiplier=0.5,1", "width=8,16",
@@ -69,6 +69,8 @@ def test_traced_lists_are_members_and_static_lists_are_groups():
   assert merged.members_per_call == k < len(merged.members)
   assert f"{merged.name} {len(merged.members)} in slices of {k}" in run.plan(
       [merged], None, "out", None)
+  monkeypatch.setattr(run.jax, "default_backend", lambda: "gpu")  # One vmap there.
+  assert run._merged(group).members_per_call is None
 
 
 def test_per_member_rows_follow_their_members():

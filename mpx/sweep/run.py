@@ -431,14 +431,17 @@ def _built(experiment: types.ModuleType, configs) -> list[list[engine.Group]]:
 
 
 def _merged(groups: list[engine.Group]) -> engine.Group:
-  """The group at every value of the traced sweep, one program. Unless the config sets
-  `members_per_call`, it maps its members in slices of one value's K: on a CPU a vmap of
-  K·L members is slower per member-step than L programs of K (`benchmarks/traced_sweep.py`),
-  slices of K are not. On an accelerator set it to K·L to vmap them all at once."""
+  """The group at every value of the traced sweep, one program. On a CPU, unless the
+  config sets `members_per_call`, it maps its members in slices of one value's K: there a
+  vmap of K·L members is slower per member-step than L programs of K, slices of K are not
+  (`benchmarks/traced_sweep.py`). On an accelerator it vmaps all K·L (the larger batch of
+  members is the point, and slices would serialise members sharded over devices)."""
   if len(groups) == 1:
     return groups[0]
-  width = groups[0].members_per_call or len(groups[0].members)
-  return dataclasses.replace(engine.merge_groups(groups), members_per_call=width)
+  merged = engine.merge_groups(groups)
+  if merged.members_per_call is None and jax.default_backend() == "cpu":
+    merged = dataclasses.replace(merged, members_per_call=len(groups[0].members))
+  return merged
 
 
 def plan(groups: list[engine.Group], mesh, out: str, completed: dict | None) -> str:
