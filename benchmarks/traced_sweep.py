@@ -4,9 +4,10 @@
 
 Builds the Boolean GOTU groups of a preset (every scheme × `seeds`) at `--values`
 learning rates and times one chunk of: the group of K·L members that `--set
-learning_rate=a,b,...` trains on a CPU (one program, its members in slices of K), the same
-group vmapped whole (`members_per_call=None`), and the L groups of K members trained one
-after another (what a comma list did before it was traced). Prints member-steps per
+learning_rate=a,b,...` trains on one CPU device (one program, its members in slices of
+K), the same group vmapped whole (`members_per_call=None`: what it trains on an
+accelerator), and the L groups of K members trained one after another (what a comma list
+did before it was traced). Prints member-steps per
 second of each and the ratios (> 1: faster per member-step than L groups). The setups are
 timed in interleaved rounds and each keeps its best.
 """
@@ -48,8 +49,8 @@ def main(argv=None) -> None:
   _, variants = config_lib.make_configs(experiment, args.preset, [
       f"learning_rate={lrs}", f"tasks={args.task}"])
   [per_value] = run._built(experiment, variants[0][1])
-  traced = run._merged(per_value)  # What `--set learning_rate=a,b,...` trains.
   k = len(per_value[0].members)
+  traced = dataclasses.replace(run._merged(per_value, mesh=None), members_per_call=k)
   vmapped = dataclasses.replace(traced, members_per_call=None)
   setups = {f"one group, slices of {k}": [traced], "one group, one vmap": [vmapped],
             "L groups of K": per_value}

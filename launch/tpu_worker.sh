@@ -142,7 +142,7 @@ cmd_job() {  # (internal) the detached job: COMMAND, its exit status, the log co
     ((signals != seen)) || break  # returned without a signal: the subshell has ended
   done
   kill "$syncer" 2>/dev/null || true
-  if ! status=$(<"$exit_file.part"); then
+  if ! status=$(<"$exit_file.part") || [[ ! $status =~ ^[0-9]+$ ]]; then
     status=1
     echo "mpx-worker.sh: the job ended without recording a status; recorded as 1"
   fi

@@ -153,6 +153,33 @@ def test_slurm_requeues_after_the_time_limit_and_a_kill_then_ends(tmp_path):
     assert line in directives.splitlines()
 
 
+def test_slurm_records_the_status_when_the_signal_reaches_srun_too(tmp_path):
+  """scancel and a node's shutdown signal the batch shell and srun at once: the status
+  the script acts on must be srun's own (143: requeue) however the two interleave; a
+  `wait` re-entered after the trap once returned -1 (no requeue)."""
+  state, bin_dir = tmp_path / "slurm", tmp_path / "slurm-bin"
+  state.mkdir()
+  (state / "plan").write_text("term")
+  for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+    _executable(bin_dir / name, text)
+  venv = tmp_path / "venv"
+  _executable(venv / "bin" / "mpx", "#!/bin/sh\n")
+  env = _env(tmp_path, bin_dir, STANDIN=str(state), MPX_VENV=str(venv), MPX_OUT="/runs/x",
+             SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="0", SLURM_JOB_NUM_NODES="1",
+             SLURM_NTASKS="2", STANDIN_START="0")
+  outcomes = []
+  for attempt in range(20):
+    (state / "running-0").unlink(missing_ok=True)
+    job = subprocess.Popen(["setsid", "bash", str(LAUNCH / "slurm_gpu.sbatch"), "boolean_gotu"],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _eventually(lambda: (state / "running-0").exists(), bool, timeout=30)
+    time.sleep(0.01 * (attempt % 5))
+    os.killpg(job.pid, signal.SIGTERM)  # The batch shell and srun alike.
+    _, err = job.communicate(timeout=30)
+    outcomes.append("requeueing the job" in err)
+  assert outcomes == [True] * 20
+
+
 def test_slurm_requeues_a_bounded_number_of_times(tmp_path):
   result, calls, jobs, _ = _slurm(tmp_path, ["term"], MPX_MAX_REQUEUES="2")
   assert result.returncode == 143
@@ -551,9 +578,11 @@ def test_worker_job_records_the_status_of_a_stopped_command(tmp_path):
          str(tmp_path / "exit"), str(tmp_path / "log"), str(tmp_path / "logs"), *command],
         env=_env(tmp_path, MPX_LOG_SYNC="100"), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
-    _eventually(lambda: (tmp_path / "started").exists(), bool, timeout=30)
+    pid = tmp_path / "pid"
+    _eventually(lambda: (tmp_path / "started").exists() and pid.exists() and
+                pid.read_text().strip(), bool, timeout=30)
     time.sleep(0.01 * (attempt % 5))  # The signal at several points of the command's life.
-    os.killpg(int((tmp_path / "pid").read_text()), signal.SIGTERM)
+    os.killpg(int(pid.read_text()), signal.SIGTERM)
     job.wait(timeout=30)
     statuses.append((tmp_path / "exit").read_text().strip())
   assert statuses == ["143"] * 20

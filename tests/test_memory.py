@@ -2,6 +2,7 @@
 `mpx run` prints it per group with one compile of the chunk, and the paper-scale vision
 presets fit one 80 GB accelerator."""
 
+import dataclasses
 import logging
 import math
 import pathlib
@@ -33,6 +34,14 @@ def _first_chunk(group, chunk_steps):
     return feeder.next()
   finally:
     feeder.close()
+
+
+def test_a_sliced_program_still_updates_the_donated_state_in_place():
+  group = dataclasses.replace(_stream_group(), members_per_call=1)
+  state, hparams, _ = engine.place(group, engine.init_state(group), None)
+  chunk = _first_chunk(group, 3)
+  compiled = engine.make_train_chunk(group, 3).lower(state, hparams, chunk).compile()
+  assert memory.program_bytes(compiled).aliased == memory.device_bytes(state)
 
 
 def test_plan_of_a_stream_group_adds_up():

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import pathlib
 
+import jax
 import matplotlib.collections
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ def swept(tmp_path_factory):
   out = tmp_path_factory.mktemp("swept")
   programs, make = [], engine.make_train_chunk
   with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(run.jax, "default_backend", lambda: "cpu")  # Whatever runs the tests.
     patch.setattr(engine, "make_train_chunk", lambda group, steps: (
         programs.append((group.name, len(group.members), group.members_per_call)),
         make(group, steps))[1])
@@ -58,7 +60,8 @@ def test_traced_lists_are_members_and_static_lists_are_groups(monkeypatch):
   assert config_lib.traced_values(variants) == {
       "learning_rate": [0.001, 0.00316228, 0.01], "mask_lr_multiplier": [0.5, 1.0]}
   group, = run._built(experiment, variants[0][1])[0:1]
-  merged = run._merged(group)
+  monkeypatch.setattr(run.jax, "default_backend", lambda: "cpu")  # Whatever runs the tests.
+  merged = run._merged(group, mesh=None)
   by_scheme = {s: [m for m in merged.members if m.scheme == s] for s in ("default", "mask")}
   # The default scheme ignores the mask multiplier (0): its members are not repeated.
   assert len(by_scheme["default"]) == 3 * 2 and len(by_scheme["mask"]) == 3 * 2 * 2
@@ -69,8 +72,12 @@ def test_traced_lists_are_members_and_static_lists_are_groups(monkeypatch):
   assert merged.members_per_call == k < len(merged.members)
   assert f"{merged.name} {len(merged.members)} in slices of {k}" in run.plan(
       [merged], None, "out", None)
-  monkeypatch.setattr(run.jax, "default_backend", lambda: "gpu")  # One vmap there.
-  assert run._merged(group).members_per_call is None
+  # One vmap on a mesh (slices would serialise members sharded over devices) and on an
+  # accelerator.
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), (engine.MEMBER_AXIS,))  # Any mesh.
+  assert run._merged(group, mesh).members_per_call is None
+  monkeypatch.setattr(run.jax, "default_backend", lambda: "gpu")
+  assert run._merged(group, mesh=None).members_per_call is None
 
 
 def test_per_member_rows_follow_their_members():

@@ -3,7 +3,8 @@
 A *member* is (task, scheme, design, seed, hparams, labels). Members of a `Group` share
 static shapes (model, data, batch size, steps); schemes only write different values into
 the same param tree. A `Task` is written for ONE member; the engine maps it over members
-(`vmap`, or `lax.map` in slices of `members_per_call` when memory is short: same code).
+(`vmap`, or `lax.map` in slices of `members_per_call` when memory is short or a CPU is
+faster in slices: same code).
 
 `make_train_chunk` returns `jit(map_members(scan(step)))`: `chunk_steps` steps of all
 members, state donated (a vmap of a scan is a scan of the vmapped step; in slices, each

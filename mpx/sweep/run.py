@@ -430,16 +430,17 @@ def _built(experiment: types.ModuleType, configs) -> list[list[engine.Group]]:
   return [list(same) for same in zip(*per_config)]
 
 
-def _merged(groups: list[engine.Group]) -> engine.Group:
-  """The group at every value of the traced sweep, one program. On a CPU, unless the
-  config sets `members_per_call`, it maps its members in slices of one value's K: there a
-  vmap of K·L members is slower per member-step than L programs of K, slices of K are not
-  (`benchmarks/traced_sweep.py`). On an accelerator it vmaps all K·L (the larger batch of
-  members is the point, and slices would serialise members sharded over devices)."""
+def _merged(groups: list[engine.Group], mesh) -> engine.Group:
+  """The group at every value of the traced sweep, one program. On one CPU device, unless
+  the config sets `members_per_call`, it maps its members in slices of one value's K:
+  there a vmap of K·L members is slower per member-step than L programs of K, slices of K
+  are not (`benchmarks/traced_sweep.py`; a remainder slice compiles once more). On an
+  accelerator or a mesh it vmaps all K·L: the larger batch of members is the point there,
+  and slices would serialise members sharded over devices."""
   if len(groups) == 1:
     return groups[0]
   merged = engine.merge_groups(groups)
-  if merged.members_per_call is None and jax.default_backend() == "cpu":
+  if merged.members_per_call is None and mesh is None and jax.default_backend() == "cpu":
     merged = dataclasses.replace(merged, members_per_call=len(groups[0].members))
   return merged
 
@@ -515,7 +516,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   if cfg.select is not None:
     _check_selection(experiment, cfg.select, traced)
   # Built before anything is written: a config the family refuses leaves no folder.
-  groups = [labelled(_merged(built), labels) for labels, configs in variants
+  mesh = engine.member_mesh(devices)
+  groups = [labelled(_merged(built, mesh), labels) for labels, configs in variants
             for built in _built(experiment, configs)]
   if len({g.name for g in groups}) != len(groups):
     raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
@@ -545,7 +547,6 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
       report.atomic_write(str(run_dir / "config.json"),
                            json.dumps(saved_config, indent=2) + "\n")
   distributed.barrier("mpx-run-checked")
-  mesh = engine.member_mesh(devices)
   if primary:
     staged = f"; files staged in {run_dir}" if url else ""
     asked = {False: "", True: " --resume", RESUME_AUTO: f" --resume={RESUME_AUTO}"}

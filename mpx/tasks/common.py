@@ -24,7 +24,8 @@ class PriorConfig(SweepConfig):
     qk_opt_steps / qk_pos_scale: QK-Opt's iterations and the position-embedding scale
       both QK schemes use (the recipe's ×18).
     probe_size: examples the persistence diagnostics run on.
-    members_per_call: None vmaps a group's members at once; m maps them in slices of m
+    members_per_call: None vmaps a group's members at once (a traced sweep on one CPU
+      device: slices of one value's members, faster there); m maps them in slices of m
       (the engine's memory valve: same results, less memory, for models too large to
       vmap every member).
   """
