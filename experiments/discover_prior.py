@@ -67,12 +67,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import mpx.experiments.boolean_coverage  # noqa: F401 (registers the cov_* tasks)
-from mpx import checkpoint, priors, report as report_lib, schemes
-from mpx.attention import is_mask_path
+from mpx import priors, report as report_lib, schemes
 from mpx.experiments.boolean_gotu import PRESETS as GOTU_PRESETS
 from mpx.sweep import engine, evaluate, optim
 from mpx.sweep.data import DeviceData, EvalData
-from mpx.tasks import boolean, boolean_discover, boolean_fourier, boolean_gotu as gotu
+from mpx.tasks import (boolean, boolean_discover, boolean_fourier, boolean_gotu as gotu,
+                       discover_stages)
 from mpx.tasks.boolean_discover import InteractionGraph
 
 NAME = "discover_prior"  # `mpx run discover_prior`; also as mpx.experiments.discover_prior.
@@ -152,30 +152,6 @@ PRESETS = {
 
 # ----------------------------------------------------------------------------- stage 1
 
-
-def mask_logits_LHNN(params) -> np.ndarray:
-  """The mask leaves of one member's params, `[L, H, N, N]` in layer order (a mask shared
-  by the heads as H = 1)."""
-  found = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    if is_mask_path(path):
-      layer = next(name for name in map(str, (getattr(k, "key", k) for k in path))
-                   if name.startswith("block_"))
-      found[int(layer.rpartition("_")[2])] = np.asarray(leaf, np.float32)
-  if not found:
-    raise ValueError("these params hold no mask_logits leaf: the learned arm needs masks.")
-  return np.stack([found[i] if found[i].ndim == 3 else found[i][None] for i in sorted(found)])
-
-
-def sparsity_pressure(params) -> jax.Array:
-  """mean σ(M) over every mask entry of every layer: 1 for the frozen neutral mask (whose
-  gradient σ(M)σ(−M) is exactly 0 there), 1/2 at the learnable neutral init."""
-  leaves = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
-            if is_mask_path(path)]
-  return (sum(jnp.sum(jax.nn.sigmoid(leaf)) for leaf in leaves)
-          / sum(leaf.size for leaf in leaves))
-
-
 def _group(config: Config, task: str, members: list[engine.Member]) -> engine.Group:
   """boolean_gotu's group of `members`: its data, evaluation on the whole cube and
   optimizer, and its persistence probe where the task has a support (the probe scores
@@ -221,24 +197,19 @@ def _stage1_group(config: Config, task: str) -> engine.Group:
                               labels={"mask_strength": config.mask_strength})
                 for seed in range(config.seeds)]
   group = _group(config, task, members)
-  base, default_init = group.task, _default_init(config, task)
+  default_init = _default_init(config, task)
   n_tokens = boolean.get_task(task).n_bits + 1
   masked = range(config.depth) if config.mask_layers is None else config.mask_layers
 
   def init(member):
     params = default_init(member)
     if member.scheme == "learned":
-      neutral = priors.neutral(n_tokens, learnable=True)
-      params = schemes.set_masks_per_layer(params, {f"block_{i}": neutral for i in masked})
+      params = discover_stages.learnable_masks(params, n_tokens, masked)
     return params
 
-  def loss(params, batch, key):
-    value, aux = base.loss(params, batch, key)
-    pressure = sparsity_pressure(params)
-    return value + config.sparsity * pressure, dict(aux, sparsity=pressure)
-
-  return dataclasses.replace(group, name=f"{task}-stage1",
-                             task=dataclasses.replace(base, init=init, loss=loss))
+  task_ = discover_stages.with_sparsity(dataclasses.replace(group.task, init=init),
+                                        config.sparsity)
+  return dataclasses.replace(group, name=f"{task}-stage1", task=task_)
 
 
 def gotu_lr(config: Config, task: str) -> float:
@@ -246,42 +217,21 @@ def gotu_lr(config: Config, task: str) -> float:
   return config.learning_rate if config.learning_rate is not None else gotu.TASK_PROTOCOL[task][0]
 
 
-class Stage1:
-  """Stage 1 of one task as stage 2 reads it: the final checkpoint of TASK-stage1 in the
-  run folder, turned into both routes' graphs per seed once per process, on first use
-  (fresh or resumed alike: nothing of stage 1 is kept elsewhere)."""
+class Stage1(discover_stages.Stage1):
+  """Stage 1 of one task as stage 2 reads it (`discover_stages.Stage1`): the final
+  checkpoint of TASK-stage1 in the run folder, turned into both routes' graphs per seed
+  once per process, on first use."""
 
   def __init__(self, config: Config, task: str, group: engine.Group):
-    self.config, self.task, self.group = config, task, group
-    self.run_dir: pathlib.Path | None = None
-    self._graphs: dict | None = None
+    super().__init__(NAME, task, group, self._derive)
+    self.config, self.task = config, task
 
   def graphs(self) -> dict[int, dict[str, InteractionGraph]]:
     """{seed: {"mask", "fourier", "random_mask", "random_fourier": graph}}."""
-    if self._graphs is None:
-      self._graphs = self._derive()
-    return self._graphs
+    return self.derived()
 
-  def _restore(self) -> engine.SweepState:
-    if self.run_dir is None:
-      raise RuntimeError(f"{NAME}: stage 2 reads stage 1's checkpoint from the run folder; "
-                         "run the experiment with `mpx run` (or run.run_experiment).")
-    directory = self.run_dir / "checkpoints" / self.group.name
-    if checkpoint.latest_step(directory) != self.group.steps:
-      raise RuntimeError(f"{NAME}: stage 1 of {self.task} has no final checkpoint (step "
-                         f"{self.group.steps}) in {directory}; stage 2 starts after it. A "
-                         "gs:// run folder is not supported (its checkpoints are not local).")
-    with checkpoint.Checkpointer(directory, max_to_keep=None) as ckpt:
-      state, _ = ckpt.restore_host(engine.init_state(self.group))
-    rows = jax.tree_util.tree_leaves(state.params)[0].shape[0]
-    if rows != len(self.group.members):
-      raise RuntimeError(f"{NAME}: {directory} holds {rows} members, stage 1 has "
-                         f"{len(self.group.members)}; resume with the config it was run with.")
-    return state
-
-  def _derive(self) -> dict:
+  def _derive(self, state: engine.SweepState) -> dict:
     config, spec = self.config, boolean.get_task(self.task)
-    state = self._restore()
     params_K = jax.tree_util.tree_map(jnp.asarray, state.params)
     preds = evaluate.eval_values(self.group, params_K)["pred"]  # [K, 2^n], cube order.
     truth = boolean_discover.true_graph(spec)
@@ -290,7 +240,7 @@ class Stage1:
       seed, out = member.seed, graphs.setdefault(member.seed, {})
       entry = record.setdefault(str(seed), {})
       if member.scheme == "learned":
-        masks = mask_logits_LHNN(engine.unstack(state.params, i))
+        masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, i))
         out["mask"] = boolean_discover.graph_from_masks(masks, config.mask_threshold)
         entry["mask_layers"] = boolean_discover.graphs_to_json(
             boolean_discover.mask_graphs(masks, config.mask_threshold))
@@ -386,9 +336,7 @@ def fingerprint(config: Config) -> dict:
 
 def build_groups(config: Config):
   """Per task: stage 1 (default, learned), then stage 2 (the priors), in that order."""
-  if jax.process_count() > 1:  # Stage 2 reads stage 1's checkpoint where process 0 wrote it.
-    raise ValueError(f"{NAME} runs in one process (stage 2 reads stage 1's checkpoint from "
-                     "the local run folder); run it without --distributed.")
+  discover_stages.check_single_process(NAME)
   groups = []
   for task in config.tasks:
     stage1 = None
@@ -405,15 +353,7 @@ def save_run_files(config: Config, run_dir) -> None:
   """The run loop's hook before training: tells stage 2 where stage 1's checkpoints are,
   and refuses a run folder of several configurations (stage 2 reads stage 1's members by
   their order in one group)."""
-  run_dir = pathlib.Path(run_dir)
-  saved = json.loads((run_dir / "config.json").read_text())
-  if "traced" in saved or "sweep" in saved:
-    raise ValueError(f"{NAME} trains one configuration per run folder; run each value of "
-                     f"{sorted(saved.get('traced', {}) | saved.get('sweep', {}))} in its own "
-                     "--out.")
-  for (cfg, _), stage1 in _STAGE1.items():
-    if cfg == config:
-      stage1.run_dir = run_dir
+  discover_stages.attach_run_dir(NAME, _STAGE1, config, run_dir)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -458,25 +398,9 @@ def plot_discovered(task: str, record: dict, path) -> str:
   return plotting._save(fig, path)
 
 
-def _fmt(stats: dict, percent: bool) -> str:
-  if not stats or stats["mean"] is None:
-    return report_lib.MISSING
-  scale = 100 if percent else 1  # Accuracies in %, precision and recall as fractions.
-  return f"{scale * stats['mean']:.2f} ± {scale * stats['std']:.2f}"
-
-
-def _score(x) -> str:
-  return report_lib.MISSING if x is None else f"{x:.2f}"
-
-
-def _per_seed(members, task, arm, metric, percent) -> str:
-  values = []
-  for m in sorted((m for m in members if m["task"] == task and m["scheme"] == arm),
-                  key=lambda m: m["seed"]):
-    v = m["metrics"].get(metric)
-    values.append(report_lib.MISSING if v is None else
-                  f"{100 * v:.2f}" if percent else f"{v:.2f}")
-  return ", ".join(values)
+_fmt = discover_stages.fmt_stats
+_score = discover_stages.fmt_score
+_per_seed = discover_stages.per_seed
 
 
 def discovery_table(summary: dict, task: str) -> str:

@@ -135,7 +135,7 @@ def token_labels(run_config: Mapping, task: str, n_tokens: int) -> list[str]:
   names: list[str] = []
   if experiment in ("boolean_gotu", "boolean_coverage", "discover_prior"):
     names = boolean_tokens(n_tokens - 1)
-  elif experiment == "arithmetic":
+  elif experiment in ("arithmetic", "discover_arithmetic"):
     from mpx.tasks import arithmetic
     spec = arithmetic.get_task(task, config["digits"], reverse_answer=config["reverse_answer"])
     names = arithmetic_tokens(spec.layout, arithmetic.OPERATORS[task])

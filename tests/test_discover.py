@@ -17,7 +17,7 @@ import mpx.experiments.discover_prior as dp
 from mpx import priors
 from mpx.sweep import engine, evaluate, run
 from mpx.tasks import boolean, boolean_fourier
-from mpx.tasks import boolean_discover as bd
+from mpx.tasks import boolean_discover as bd, discover_stages
 from mpx.tasks import boolean_gotu
 
 G = bd.InteractionGraph
@@ -189,7 +189,7 @@ def test_both_routes_recover_a_planted_graph(planted_stage1):
   assert all(m["loss_seen"] < 0.05 for m in metrics)  # Both fit the seen data.
   pred = evaluate.eval_values(group, state.params)["pred"]
   assert bd.graph_from_function(pred[0], N_PLANTED) == PLANTED        # (b): the default.
-  masks = dp.mask_logits_LHNN(engine.unstack(state.params, 1))
+  masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, 1))
   chex.assert_shape(masks, (2, 2, N_PLANTED + 1, N_PLANTED + 1))
   assert bd.graph_from_masks(masks) == PLANTED                         # (a): the mask.
   # The pressure closed what the task does not use: irrelevant bits read nothing.

@@ -14,7 +14,7 @@ import mpx.experiments.discover_prior as dp
 from mpx import checkpoint
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, run
-from mpx.tasks import boolean, boolean_discover as bd
+from mpx.tasks import boolean, boolean_discover as bd, discover_stages
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_stage2_trains_with_the_graphs_derived_from_stage1(tiny_run):
   with checkpoint.Checkpointer(out / "checkpoints" / stage1.name, max_to_keep=None) as ckpt:
     assert ckpt.latest_step() == stage1.steps
     state, _ = ckpt.restore_host(engine.init_state(stage1))
-  masks = dp.mask_logits_LHNN(engine.unstack(state.params, 1))
+  masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, 1))
   assert np.abs(masks).max() > 0.01  # Trained away from M = 0.
   assert bd.graph_from_masks(masks).to_json() == trained["discovered_mask"]
 
@@ -90,14 +90,14 @@ def test_the_learned_arm_starts_as_standard_attention():
   batch = {"x": x, "y": jnp.ones(len(x))}
   predict = jax.jit(lambda p: group.task.eval_step(p, batch)["pred"])
   np.testing.assert_allclose(predict(learned), predict(default), atol=1e-5, rtol=1e-5)
-  masks = dp.mask_logits_LHNN(learned)
+  masks = discover_stages.mask_logits_LHNN(learned)
   np.testing.assert_array_equal(masks, 0.0)
-  np.testing.assert_array_equal(dp.mask_logits_LHNN(default), 200.0)
+  np.testing.assert_array_equal(discover_stages.mask_logits_LHNN(default), 200.0)
   gradient = jax.jit(jax.grad(lambda p: group.task.loss(p, batch, None)[0]))
   grads = [gradient(p) for p in (default, learned)]
-  assert float(np.abs(dp.mask_logits_LHNN(grads[0])).max()) == 0.0
-  assert float(np.abs(dp.mask_logits_LHNN(grads[1])).max()) > 0.0
-  assert float(dp.sparsity_pressure(learned)) == 0.5
+  assert float(np.abs(discover_stages.mask_logits_LHNN(grads[0])).max()) == 0.0
+  assert float(np.abs(discover_stages.mask_logits_LHNN(grads[1])).max()) > 0.0
+  assert float(discover_stages.sparsity_pressure(learned)) == 0.5
 
 
 def test_refusals_name_the_fix(tmp_path):
