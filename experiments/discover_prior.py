@@ -336,17 +336,8 @@ def fingerprint(config: Config) -> dict:
 
 def build_groups(config: Config):
   """Per task: stage 1 (default, learned), then stage 2 (the priors), in that order."""
-  discover_stages.check_single_process(NAME)
-  groups = []
-  for task in config.tasks:
-    stage1 = None
-    if any(a in config.schemes for a in STAGE_1):
-      group = _stage1_group(config, task)
-      stage1 = _STAGE1[(config, task)] = Stage1(config, task, group)
-      groups.append(group)
-    if any(a not in STAGE_1 for a in config.schemes):
-      groups.append(_stage2_group(config, task, stage1))
-  return groups
+  return discover_stages.two_stages(NAME, config, STAGE_1, _STAGE1, _stage1_group, Stage1,
+                                    _stage2_group)
 
 
 def save_run_files(config: Config, run_dir) -> None:

@@ -118,6 +118,24 @@ def check_single_process(experiment: str) -> None:
                      "from the local run folder); run it without --distributed.")
 
 
+def two_stages(experiment: str, config, stage1_arms, stages: dict, stage1_group, stage1_cls,
+               stage2_group) -> list[engine.Group]:
+  """Per task of `config`: stage 1 (`stage1_group(config, task)`, the arms `stage1_arms`
+  of `config.schemes`), recorded in `stages` as `stage1_cls(config, task, group)`, then
+  stage 2 (`stage2_group(config, task, stage1)`, the other arms), in that order."""
+  check_single_process(experiment)
+  groups = []
+  for task in config.tasks:
+    stage1 = None
+    if any(a in config.schemes for a in stage1_arms):
+      group = stage1_group(config, task)
+      stage1 = stages[(config, task)] = stage1_cls(config, task, group)
+      groups.append(group)
+    if any(a not in stage1_arms for a in config.schemes):
+      groups.append(stage2_group(config, task, stage1))
+  return groups
+
+
 def attach_run_dir(experiment: str, stages: dict, config, run_dir) -> None:
   """The run loop's hook before training: tells the `stages` of `config` ({(config, task):
   Stage1}) where stage 1's checkpoints are, and refuses a run folder of several
