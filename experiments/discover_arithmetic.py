@@ -329,7 +329,8 @@ def plot_discovered(task: str, record: dict, path) -> str:
   columns = ([("hand-written", lambda s: ad.alignment_NN(spec))]
              + [(f"σ(M) layer {l}, max over heads",
                  lambda s, l=l: np.asarray(s["sigma"][l]).max(0)) for l in range(depth)]
-             + [("discovered (σ > threshold, any layer)", lambda s: _prior_pattern_NN(spec, s["found"])),
+             + [("discovered (σ > threshold, any layer)",
+                 lambda s: _prior_pattern_NN(spec, s["found"])),
                 ("random control", lambda s: _prior_pattern_NN(spec, s["random"]))])
   fig, axes = plt.subplots(max(len(seeds), 1), len(columns), squeeze=False,
                            layout="constrained",

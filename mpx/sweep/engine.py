@@ -316,8 +316,9 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
   Steps past `group.steps` are no-ops, so every chunk has the same length and the
   program compiles once. With epoch sampling the state carries the epoch's order, redrawn
   only at epoch boundaries (a `lax.cond` on the step, which is not mapped, so it stays a
-  branch under vmap): a permutation is a sort over the whole training set, slow on CPU. Groups with equal static settings share one
-  jitted function, which compiles once per set of shapes.
+  branch under vmap): a permutation is a sort over the whole training set, slow on CPU.
+  Groups with equal static settings share one jitted function, which compiles once per
+  set of shapes.
   """
   if chunk_steps < 1:
     raise ValueError(f"chunk_steps must be >= 1; got {chunk_steps}.")
