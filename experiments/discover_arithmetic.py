@@ -220,7 +220,7 @@ class Stage1(discover_stages.Stage1):
     data = json.loads(path.read_text()) if path.is_file() else {}
     data.setdefault("threshold", self.config.mask_threshold)
     data.setdefault("tasks", {})[self.task] = _task_json(spec) | {"seeds": record}
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    report_lib.atomic_write(str(path), json.dumps(data, indent=1) + "\n")
     plot_discovered(self.task, data["tasks"][self.task],
                     self.run_dir / "plots" / f"discovered_{self.task}.png")
 
@@ -407,8 +407,13 @@ def place_accuracy(config: Config, run_dir, problems: int = 2000) -> dict:
     model = arithmetic.make_model(config)
     apply = lambda params, tokens: model.apply({"params": params}, tokens)
     decode = jax.jit(lambda params: greedy_decode(apply, params, test_PS[:, :start], answer))
+    # The template: every arm has the same param tree, and the default init reads nothing
+    # of stage 1 (a stage-2 init would derive the patterns again and rewrite the record).
+    default_init = arithmetic.make_task(config, spec).init
+    template = dataclasses.replace(group, task=dataclasses.replace(
+        group.task, init=lambda member: default_init(_default_member(member))))
     with checkpoint.Checkpointer(run_dir / "checkpoints" / group.name, max_to_keep=None) as ckpt:
-      state, _ = ckpt.restore_host(engine.init_state(group))
+      state, _ = ckpt.restore_host(engine.init_state(template))
     for i, member in enumerate(group.members):
       pred_PA = np.asarray(decode(jax.tree_util.tree_map(jnp.asarray,
                                                          engine.unstack(state.params, i))))

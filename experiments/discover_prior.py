@@ -272,7 +272,7 @@ class Stage1(discover_stages.Stage1):
                                    "fourier": self.config.fourier_threshold})
     data.setdefault("tasks", {})[self.task] = {
         "n_bits": truth.n_bits, "truth": truth.to_json(), "seeds": record}
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    report_lib.atomic_write(str(path), json.dumps(data, indent=1) + "\n")
     plot_discovered(self.task, data["tasks"][self.task],
                     self.run_dir / "plots" / f"discovered_{self.task}.png")
 

@@ -100,6 +100,11 @@ def test_stage_inits_are_arithmetics_and_the_learned_arm_starts_at_m0():
   reference = arithmetic.make_task(config, arithmetic.get_task(
       "addition", config.digits, reverse_answer=config.reverse_answer))
   by_arm = {m.scheme: m for g in (stage1, stage2) for m in g.members}
+  # The same members as `mpx run arithmetic` trains (hparams, labels, seeds).
+  theirs = arithmetic.members(config, "addition", da.fraction(config, "addition"))
+  for arm in ("default", "mask"):
+    assert [m for m in stage1.members + stage2.members if m.scheme == arm] == [
+        m for m in theirs if m.scheme == arm]
   assert by_arm["default"].hparams["mask_lr_multiplier"] == 0.0
   assert by_arm["learned"].hparams["mask_lr_multiplier"] == config.discover_mask_lr_multiplier
   for arm, group in (("default", stage1), ("mask", stage2)):
@@ -126,6 +131,7 @@ def test_the_tiny_run_trains_both_stages_from_the_discovered_pattern(tiny_run):
   discovered = json.loads((out / da.DISCOVERED_FILE).read_text())
   record = discovered["tasks"]["addition"]
   seed = record["seeds"]["0"]
+  assert seed["found"]["n_open"] > 0  # Else the equalities below hold vacuously.
   assert np.asarray(seed["sigma"]).shape == (1, 2, N, N)  # [L, H, N, N] of tiny.
   records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
   trained = {r["scheme"]: r["pattern"] for r in records if "pattern" in r}
@@ -146,7 +152,9 @@ def test_the_tiny_run_trains_both_stages_from_the_discovered_pattern(tiny_run):
   masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, 1))
   assert np.abs(masks).max() > 0.01  # Trained away from M = 0.
   assert ad.entries(ad.open_from_masks(masks), SPEC) == seed["found"]["entries"]
+  recorded = (out / da.DISCOVERED_FILE).stat().st_mtime_ns
   written = da.report(out)
+  assert (out / da.DISCOVERED_FILE).stat().st_mtime_ns == recorded  # Only read.
   text = (out / da.REPORT_FILE).read_text()
   assert written[0] == str(out / da.REPORT_FILE)
   assert "| discovered_mask |" in text and "- seed 0, pooled: precision" in text

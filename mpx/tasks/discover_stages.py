@@ -24,8 +24,6 @@ from mpx import checkpoint, priors, report as report_lib, schemes
 from mpx.attention import is_mask_path
 from mpx.sweep import engine
 
-LEARNED = "learned"  # The stage-1 arm whose masks learn under the pressure.
-
 
 def mask_logits_LHNN(params) -> np.ndarray:
   """The mask leaves of one member's params, `[L, H, N, N]` in layer order (a mask shared
