@@ -240,7 +240,7 @@ def _task_json(spec: arithmetic.ArithmeticTask) -> dict:
   """What a reader needs to draw and name the patterns of `spec`."""
   return {"digits": [spec.a_digits, spec.b_digits], "reverse_answer": spec.reverse_answer,
           "n_tokens": spec.n_tokens, "tokens": _tokens(spec),
-          "answer_rows": np.flatnonzero(ad.answer_rows_N(spec)).tolist(),
+          "answer_rows": np.flatnonzero(arithmetic.answer_rows_N(spec)).tolist(),
           "hand_written": _pattern_json(ad.alignment_NN(spec), spec)}
 
 

@@ -60,7 +60,7 @@ def test_the_readout_recovers_a_planted_alignment_and_scores_it():
 
 def test_a_perfect_discovery_gives_the_hand_written_prior():
   hand_NN = ad.alignment_NN(SPEC)
-  rows_N = ad.answer_rows_N(SPEC)
+  rows_N = arithmetic.answer_rows_N(SPEC)
   np.testing.assert_array_equal(np.flatnonzero(rows_N), [8, 9, 10, 11])
   for found_NN in (hand_NN & ad.candidates_NN(SPEC), hand_NN):  # With or without self.
     prior_NN = np.asarray(ad.discovered_prior(SPEC, found_NN, 4.0))

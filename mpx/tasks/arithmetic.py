@@ -215,6 +215,13 @@ def from_text(text: str) -> np.ndarray:
   return np.array([CHARS.index(c) for c in text], np.int32)
 
 
+def answer_rows_N(task: ArithmeticTask) -> np.ndarray:
+  """`[N]` True at the rows that predict an answer digit (position − 1 in a causal LM)."""
+  rows_N = np.zeros(task.n_tokens, bool)
+  rows_N[[p + task.layout.query_offset for p in task.layout.answer]] = True
+  return rows_N
+
+
 def loss_weights(task: ArithmeticTask) -> np.ndarray:
   """`[N]` weights on the targets `seq[1:]`: 1 on the answer digits and END."""
   weights_N = np.zeros(task.n_tokens, np.float32)
@@ -469,15 +476,13 @@ def make_group(config: Config, task_name: str, fraction: float,
   test_tokens = next(iter(splits.values()))["test"]  # The task's, the same for every seed.
   eval_tokens = (np.concatenate([test_tokens, next(iter(splits.values()))["validation"]])
                  if validation_size else test_tokens)  # As `make_task`'s summarize reads.
-  answer_rows = np.zeros(spec.n_tokens, bool)
-  answer_rows[[p + spec.layout.query_offset for p in spec.layout.answer]] = True
   allowed = np.asarray(prior(spec, config.mask_strength)) > 0
   probe_tokens = jnp.asarray(test_tokens[:config.probe_size])
   probe = engine.Probe(apply=make_model(config).apply, inputs=(probe_tokens[:, :-1],),
                        batch={"tokens": probe_tokens},
                        patterns=[{f"block_{i}": allowed for i in range(config.depth)}
                                  for _ in group_members],
-                       query_rows=answer_rows,
+                       query_rows=answer_rows_N(spec),
                        map_layers=("block_0", f"block_{config.depth - 1}"))
   return engine.Group(
       name=f"{task_name}-f{fraction:g}", members=list(group_members),

@@ -13,9 +13,9 @@ causal past. Here it is discovered instead:
     `MASK_THRESHOLD`, fixed on a planted Boolean function before any arithmetic accuracy
     was measured; nothing here is tuned on test accuracy.
   prior (`prior_pattern_NN`): the rows rule of the hand-written prior. The rows that
-    predict an answer digit (`answer_rows_N`) read what was found on them, and always
-    themselves; every other row (the prompt, the row predicting END) reads its causal past
-    as in the hand-written prior. Which rows predict the answer is the format (the loss
+    predict an answer digit (`arithmetic.answer_rows_N`) read what was found on them, and
+    always themselves; every other row (the prompt, the row predicting END) reads its
+    causal past as in the hand-written prior. Which rows predict the answer is the format (the loss
     weights), not the structure; keeping the other rows as the hand-written prior keeps
     them makes a perfect discovery give exactly the hand-written prior, so stage 2
     compares the found alignment and nothing else. Self stays open because a row with
@@ -40,11 +40,6 @@ from mpx.tasks import arithmetic
 from mpx.tasks.boolean_discover import MASK_THRESHOLD
 
 
-def answer_rows_N(spec: arithmetic.ArithmeticTask) -> np.ndarray:
-  """`[N]` True at the rows that predict an answer digit (position − 1 in a causal LM)."""
-  rows_N = np.zeros(spec.n_tokens, bool)
-  rows_N[[p + spec.layout.query_offset for p in spec.layout.answer]] = True
-  return rows_N
 
 
 def causal_NN(n_tokens: int) -> np.ndarray:
@@ -60,7 +55,7 @@ def alignment_NN(spec: arithmetic.ArithmeticTask, *, carry: bool = True) -> np.n
 def candidates_NN(spec: arithmetic.ArithmeticTask) -> np.ndarray:
   """The entries a score counts: scored rows × causal keys, self excluded."""
   n = spec.n_tokens
-  return answer_rows_N(spec)[:, None] & causal_NN(n) & ~np.eye(n, dtype=bool)
+  return arithmetic.answer_rows_N(spec)[:, None] & causal_NN(n) & ~np.eye(n, dtype=bool)
 
 
 def _check_pattern(spec: arithmetic.ArithmeticTask, open_NN) -> np.ndarray:
@@ -105,7 +100,7 @@ def prior_pattern_NN(spec: arithmetic.ArithmeticTask, found_NN) -> np.ndarray:
   rows read `found_NN`'s causal entries and themselves, every other row its causal past."""
   found_NN = _check_pattern(spec, found_NN)
   n = spec.n_tokens
-  rows_N = answer_rows_N(spec)
+  rows_N = arithmetic.answer_rows_N(spec)
   scored_NN = (found_NN | np.eye(n, dtype=bool)) & causal_NN(n)
   return np.where(rows_N[:, None], scored_NN, causal_NN(n))
 
@@ -136,7 +131,7 @@ def random_like(found_NN, spec: arithmetic.ArithmeticTask, seed: int | Sequence[
   counts_N = (_check_pattern(spec, found_NN) & cand_NN).sum(1)
   rng = np.random.default_rng(seed)
   drawn_NN = np.zeros_like(cand_NN)
-  for row in np.flatnonzero(answer_rows_N(spec)):
+  for row in np.flatnonzero(arithmetic.answer_rows_N(spec)):
     keys = np.flatnonzero(cand_NN[row])
     drawn_NN[row, rng.choice(keys, size=counts_N[row], replace=False)] = True
   return drawn_NN
