@@ -515,7 +515,7 @@ PROBES = {
     "unbatched_cotangent": "loss = sum of the output: its cotangent carries no member axis",
     "vit_model": "a ViT at 224 px (197 tokens), bf16, 2 members, value_and_grad of the "
                  "loss, every param's gradient",
-    "engine_chunk": "one engine chunk (jit(vmap(scan))) of the Boolean model in bf16, "
+    "engine_chunk": "one engine chunk (jit(scan(vmap))) of the Boolean model in bf16, "
                     "2 members: the training loss",
 }
 

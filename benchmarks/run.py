@@ -167,7 +167,7 @@ def compiled_chunk(scale: str, members: int, steps: int):
 
 
 def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
-  """K members in one `jit(vmap(scan(step)))` chunk: one warm-up chunk, then `repeats`.
+  """K members in one `jit(scan(vmap(step)))` chunk: one warm-up chunk, then `repeats`.
 
   XLA's cost analysis counts a scan's body once (checked: the same FLOPs for 1, 2 and 8
   steps per chunk), so its FLOPs / K are per member-step.

@@ -3,12 +3,10 @@
 A *member* is (task, scheme, design, seed, hparams, labels). Members of a `Group` share
 static shapes (model, data, batch size, steps); schemes only write different values into
 the same param tree. A `Task` is written for ONE member; the engine maps it over members
-(`vmap`, or `lax.map` in slices of `members_per_call` when memory is short or a CPU is
-faster in slices: same code).
+(`vmap`, or `lax.map` in slices of `members_per_call` when memory is short: same code).
 
-`make_train_chunk` returns `jit(map_members(scan(step)))`: `chunk_steps` steps of all
-members, state donated (a vmap of a scan is a scan of the vmapped step; in slices, each
-slice runs the whole chunk before the next). Device data is sampled inside the step from
+`make_train_chunk` returns `jit(scan(map_members(step)))`: `chunk_steps` steps of all
+members, state donated. Device data is sampled inside the step from
 `fold_in(member_key, step)`; a `Stream`'s batches come in as `[T, B, ...]` arguments
 (`[T, S, B, ...]` with one stream per seed: each member gathers its seed's row). Either
 way a result does not depend on how the run was chunked or resumed.
@@ -315,10 +313,9 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
 
   Steps past `group.steps` are no-ops, so every chunk has the same length and the
   program compiles once. With epoch sampling the state carries the epoch's order, redrawn
-  only at epoch boundaries (a `lax.cond` on the step, which is not mapped, so it stays a
-  branch under vmap): a permutation is a sort over the whole training set, slow on CPU.
-  Groups with equal static settings share one jitted function, which compiles once per
-  set of shapes.
+  only at epoch boundaries (a `lax.cond` outside the member map): a permutation is a sort
+  over the whole training set, slow on CPU. Groups with equal static settings share one
+  jitted function, which compiles once per set of shapes.
   """
   if chunk_steps < 1:
     raise ValueError(f"chunk_steps must be >= 1; got {chunk_steps}.")
@@ -337,64 +334,59 @@ def _compiled_chunk(loss, optim_config, kind, stream_rows, batch_size, total_ste
   member_step = make_member_step(loss, optim_config)
   layout, sampling = kind
 
-  def member_chunk(member_args, shared):
-    """`chunk_steps` steps of ONE member. Mapped over members outside the step scan, so
-    a slice of `members_per_call` members runs the whole chunk before the next slice
-    (its state is read and written once per chunk, not once per step)."""
-    params, opt_state, raw_key, alive, diverged_step, hparams, own, order, row = member_args
-    data, start = shared
-    arrays = own if layout == "per_member" else data
-    if layout != "stream":
+  def one_member(member_args, shared):
+    (params, opt_state, raw_key, alive, diverged_step, hparams, own, order,
+     stream_row) = member_args
+    arrays, step = shared
+    if layout == "stream":
+      batch = arrays if stream_row is None else {
+          name: array_SB[stream_row] for name, array_SB in arrays.items()}
+    else:
+      arrays = own if layout == "per_member" else arrays
       num_examples = next(iter(arrays.values())).shape[0]
-      per_epoch = num_examples // batch_size
+      idx = _batch_indices(jax.random.wrap_key_data(raw_key), step, order, num_examples,
+                           batch_size, sampling)
+      batch = {name: array[idx] for name, array in arrays.items()}
+    return member_step(params, opt_state, raw_key, alive, diverged_step, hparams, batch,
+                       step)
 
-    def body(carry, xs):
-      params, opt_state, alive, diverged_step, order = carry
-      step, batches = xs
-      if layout == "stream":
-        batch = batches if row is None else {
-            name: array_SB[row] for name, array_SB in batches.items()}
-      else:
-        if sampling == "epoch":
-          # Epoch 0's order comes with the state (init_state), so step 0 needs no redraw.
-          # `step` is not mapped over members, so this stays a branch under vmap.
-          order = jax.lax.cond(
-              (step % per_epoch == 0) & (step > 0),
-              lambda: epoch_order(jax.random.wrap_key_data(raw_key), step // per_epoch,
-                                  num_examples),
-              lambda: order)
-        idx = _batch_indices(jax.random.wrap_key_data(raw_key), step, order, num_examples,
-                             batch_size, sampling)
-        batch = {name: array[idx] for name, array in arrays.items()}
-      *new, scalars = member_step(params, opt_state, raw_key, alive, diverged_step,
-                                  hparams, batch, step)
-      active = step < total_steps
-      carry = _select(active, (*new, order), carry)
-      return carry, jax.tree_util.tree_map(lambda v: jnp.where(active, v, 0.0), scalars)
-
-    steps = start + jnp.arange(chunk_steps, dtype=jnp.int32)
-    carry, scalars = jax.lax.scan(body, (params, opt_state, alive, diverged_step, order),
-                                  (steps, data if layout == "stream" else None))
-    return carry, {name: jnp.sum(v, axis=0) for name, v in scalars.items()}
-
-  chunk_members = map_members(member_chunk, members_per_call)
+  step_members = map_members(one_member, members_per_call)
 
   def chunk(state: SweepState, hparams, data):
+    initial = state.initial  # Constant: kept out of the loop carry.
     own = data if layout == "per_member" else None
     rows_K = None if stream_rows is None else jnp.asarray(
         np.asarray(stream_rows, np.int32)[padded_members(state.alive.shape[0],
                                                          len(stream_rows))])
-    shared = None if own is not None else data
-    (params, opt_state, alive, diverged_step, order), sums = chunk_members(
-        (state.params, state.opt_state, state.key, state.alive, state.diverged_step,
-         hparams, own, state.order, rows_K), (shared, state.step))
+    if layout != "stream":
+      num_examples = next(iter(data.values())).shape[1 if layout == "per_member" else 0]
+      per_epoch = num_examples // batch_size
+
+    def body(state, xs):
+      step, batches = xs
+      order = state.order
+      if sampling == "epoch":
+        # Epoch 0's order comes with the state (init_state), so step 0 needs no redraw.
+        order = jax.lax.cond((step % per_epoch == 0) & (step > 0),
+                             lambda: _epoch_orders(state.key, step // per_epoch,
+                                                   num_examples),
+                             lambda: order)
+      shared = batches if layout == "stream" else (None if own is not None else data)
+      params, opt_state, alive, diverged_step, scalars = step_members(
+          (state.params, state.opt_state, state.key, state.alive, state.diverged_step,
+           hparams, own, order, rows_K), (shared, step))
+      active = step < total_steps
+      new = state._replace(params=params, opt_state=opt_state, alive=alive,
+                           diverged_step=diverged_step, step=state.step + 1, order=order)
+      return _select(active, new, state), jax.tree_util.tree_map(
+          lambda v: jnp.where(active, v, 0.0), scalars)
+
+    steps = state.step + jnp.arange(chunk_steps, dtype=jnp.int32)
+    final, scalars = jax.lax.scan(body, state._replace(initial=None),
+                                  (steps, data if layout == "stream" else None))
     counted = jnp.maximum(jnp.minimum(total_steps - state.step, chunk_steps), 1)
-    final = state._replace(params=params, opt_state=opt_state, alive=alive,
-                           diverged_step=diverged_step, order=order,
-                           step=jnp.minimum(state.step + chunk_steps,
-                                            jnp.maximum(total_steps, state.step)))
-    out = {f"train_{name}": v / counted for name, v in sums.items()}
-    return final, out | {"alive": alive}
+    out = {f"train_{name}": jnp.sum(v, axis=0) / counted for name, v in scalars.items()}
+    return final._replace(initial=initial), out | {"alive": final.alive}
 
   return jax.jit(chunk, donate_argnums=(0,))
 
