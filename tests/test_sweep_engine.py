@@ -223,6 +223,12 @@ def _assert_same_params(a, b, atol=1e-6):
   chex.assert_trees_all_close(a.params, b.params, atol=atol, rtol=atol)
 
 
+# Slices and one vmap are the same math at different batch shapes, which XLA may reduce in
+# another order: 6e-6 apart after 12 steps (jax 0.12, CPU). A member reading another
+# member's rows moves its params by ~1e-1 in the same test, so 1e-4 still tells them apart.
+SLICE_ATOL = 1e-4
+
+
 @pytest.mark.parametrize("sampling", ["iid", "epoch"])
 def test_shared_data_equals_a_copy_per_member(sampling):
   members = [fx.member(0), fx.member(1, "default")]
@@ -235,11 +241,11 @@ def test_members_in_slices_equal_one_vmap():
   members = [fx.member(i, s) for i, s in enumerate(["mask", "default", "qk_svd"])]
   vmapped = fx.train(fx.group(members, sampling="epoch"))
   sliced = fx.train(fx.group(members, sampling="epoch", members_per_call=2))  # 2 + 1.
-  _assert_same_params(vmapped, sliced, atol=1e-6)
+  _assert_same_params(vmapped, sliced, atol=SLICE_ATOL)
   g = fx.group(members, members_per_call=2)
   np.testing.assert_allclose([m["mean_output"] for m in fx.evaluate(g, sliced)],
                              [m["mean_output"] for m in fx.evaluate(fx.group(members), vmapped)],
-                             atol=1e-6)
+                             atol=SLICE_ATOL)
 
 
 def test_members_in_slices_read_their_own_data_rows():
@@ -251,7 +257,7 @@ def test_members_in_slices_read_their_own_data_rows():
           for name, a in g.data.arrays.items()}
   g = dataclasses.replace(g, data=dataclasses.replace(g.data, arrays=rows))
   sliced = fx.train(dataclasses.replace(g, members_per_call=2))  # 2 + 1.
-  _assert_same_params(fx.train(g), sliced, atol=1e-6)
+  _assert_same_params(fx.train(g), sliced, atol=SLICE_ATOL)
 
 
 def test_members_in_slices_need_less_memory():
@@ -386,7 +392,7 @@ def test_per_seed_streams_in_slices_equal_one_vmap():
   """Each slice runs the chunk's steps on its own members' stream rows."""
   g = per_seed_group()
   sliced = fx.train(dataclasses.replace(g, members_per_call=2), chunk_steps=4)  # 2 + 2 + 1.
-  _assert_same_params(fx.train(g, chunk_steps=4), sliced, atol=1e-6)
+  _assert_same_params(fx.train(g, chunk_steps=4), sliced, atol=SLICE_ATOL)
 
 
 def test_per_seed_stream_resume_is_bit_exact_and_chunking_free():
