@@ -348,8 +348,6 @@ def plot_discovered(task: str, record: dict, path) -> str:
       ax.set_title(f"{title}\nseed {seed}" if row == 0 else f"seed {seed}", fontsize="x-small")
   fig.suptitle(f"{task}: hand-written and discovered attention patterns (row reads column)",
                fontsize="small")
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
   return plotting._save(fig, path)
 
 

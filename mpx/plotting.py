@@ -34,7 +34,8 @@ def _pyplot():
 
 
 def _save(fig, path, dpi: int = 110) -> str:
-  """Writes `fig` to the PNG file `path` and frees it; returns the path."""
+  """Writes `fig` to the PNG file `path` (making its folder) and frees it; returns the path."""
+  pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=dpi)
   _pyplot().close(fig)
   return str(path)
