@@ -216,11 +216,11 @@ class Stage1(discover_stages.Stage1):
   def _write(self, spec: arithmetic.ArithmeticTask, record: dict) -> None:
     """RUN_DIR/discovered.json gets this task's patterns, plots/discovered_TASK.png its
     figure."""
-    path = self.run_dir / DISCOVERED_FILE
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    data.setdefault("threshold", self.config.mask_threshold)
-    data.setdefault("tasks", {})[self.task] = _task_json(spec) | {"seeds": record}
-    report_lib.atomic_write(str(path), json.dumps(data, indent=1) + "\n")
+    data = discover_stages.record_discovered(
+        self.run_dir / DISCOVERED_FILE, self.task, _task_json(spec) | {"seeds": record},
+        {"threshold": self.config.mask_threshold},
+        trained_with=lambda entry: {seed: [e["found"]["entries"], e["random"]["entries"]]
+                                    for seed, e in entry["seeds"].items()})
     plot_discovered(self.task, data["tasks"][self.task],
                     self.run_dir / "plots" / f"discovered_{self.task}.png")
 
@@ -357,11 +357,12 @@ def discovery_table(summary: dict, task: str) -> str:
   members = [m for m in summary["members"] if m["task"] == task]
   rows = {r["scheme"]: r for r in report_lib.summarize(
       members, ["sequence_accuracy", "digit_accuracy", *SCORES, "n_open"])}
-  fmt, per_seed = discover_stages.fmt_stats, discover_stages.per_seed
+  per_seed = discover_stages.per_seed
   lines = ["| arm | sequence accuracy (%) | per seed (%) | digit accuracy (%) | precision | "
            "recall | open entries | precision per seed | recall per seed |", "|" + "---|" * 9]
   for arm in (a for a in ARMS if a in rows):
     r = rows[arm]
+    fmt = lambda stats, percent: discover_stages.fmt_stats(stats, percent, r["n_seeds"])
     lines.append("| " + " | ".join([
         arm, fmt(r["sequence_accuracy"], True),
         per_seed(members, task, arm, "sequence_accuracy", True),

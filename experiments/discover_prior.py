@@ -266,13 +266,15 @@ class Stage1(discover_stages.Stage1):
   def _write(self, truth: InteractionGraph, record: dict) -> None:
     """RUN_DIR/discovered.json gets this task's graphs (the other tasks' are kept), and
     plots/discovered_TASK.png its figure."""
-    path = self.run_dir / DISCOVERED_FILE
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    data.setdefault("thresholds", {"mask": self.config.mask_threshold,
-                                   "fourier": self.config.fourier_threshold})
-    data.setdefault("tasks", {})[self.task] = {
-        "n_bits": truth.n_bits, "truth": truth.to_json(), "seeds": record}
-    report_lib.atomic_write(str(path), json.dumps(data, indent=1) + "\n")
+    data = discover_stages.record_discovered(
+        self.run_dir / DISCOVERED_FILE, self.task,
+        {"n_bits": truth.n_bits, "truth": truth.to_json(), "seeds": record},
+        {"thresholds": {"mask": self.config.mask_threshold,
+                        "fourier": self.config.fourier_threshold}},
+        trained_with=lambda entry: {
+            seed: {g: {"bits": e[g]["bits"], "pairs": e[g]["pairs"]}
+                   for _, g in DERIVED.values() if g in e}
+            for seed, e in entry["seeds"].items()})
     plot_discovered(self.task, data["tasks"][self.task],
                     self.run_dir / "plots" / f"discovered_{self.task}.png")
 
@@ -405,7 +407,8 @@ def discovery_table(summary: dict, task: str) -> str:
     if arm not in rows:
       continue
     r = rows[arm]
-    cells = [arm, _fmt(r["accuracy_unseen"], True), *(_fmt(r[s], False) for s in SCORES),
+    fmt = lambda stats, percent: _fmt(stats, percent, r["n_seeds"])
+    cells = [arm, fmt(r["accuracy_unseen"], True), *(fmt(r[s], False) for s in SCORES),
              _per_seed(members, task, arm, "accuracy_unseen", True)]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"

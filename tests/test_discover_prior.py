@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mpx.experiments.discover_prior as dp
-from mpx import checkpoint
+from mpx import checkpoint, priors
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, run
 from mpx.tasks import boolean, boolean_discover as bd, discover_stages
@@ -78,6 +78,46 @@ def test_a_resume_derives_the_graphs_again_from_the_stage1_checkpoint(tiny_run):
   again = run.run_experiment(dp, preset="tiny", out_dir=str(out), resume=True)
   assert json.loads(path.read_text()) == before
   assert again["members"] == summary["members"]
+
+
+def test_a_resume_refuses_graphs_other_than_stage2_started_with(tiny_run):
+  out, _ = tiny_run
+  path = out / dp.DISCOVERED_FILE
+  before = path.read_text()
+  data = json.loads(before)
+  fourier = data["tasks"]["2parity"]["seeds"]["0"]["fourier"]
+  fourier["bits"] = [] if fourier["bits"] else [3]  # As if recorded by another readout.
+  path.write_text(json.dumps(data))
+  try:
+    with pytest.raises(RuntimeError, match="differs from what stage 2 started with"):
+      run.run_experiment(dp, preset="tiny", out_dir=str(out), resume=True)
+  finally:
+    path.write_text(before)
+
+
+def test_stage2_starts_from_each_graph_prior_in_every_masked_layer():
+  """Graphs with pairs (the tiny run finds none): each derived arm's masks at init are
+  its graph's ±strength prior, an empty graph's the neutral mask."""
+  config = config_lib.make_config(dp, "tiny", ["depth=2"])[1]
+  stage2 = dp.build_groups(config)[1]
+  planted = {"mask": bd.InteractionGraph(15, (4,), ((0, 1), (1, 7))),
+             "random_mask": bd.InteractionGraph(15, (2,), ((3, 9),)),
+             "fourier": bd.InteractionGraph(15, (0, 1), ((0, 1),)),
+             "random_fourier": bd.InteractionGraph(15)}
+  dp._STAGE1[(config, "2parity")]._derived = {seed: planted for seed in range(config.seeds)}
+  state = engine.init_state(stage2)
+  derived = [(k, m) for k, m in enumerate(stage2.members) if m.scheme in dp.DERIVED]
+  assert len(derived) == len(dp.DERIVED) * config.seeds
+  for k, member in derived:
+    graph = planted[dp.DERIVED[member.scheme][1]]
+    expected = (priors.neutral(16) if graph.empty
+                else graph.prior(member.labels["mask_strength"]))
+    masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, k))
+    assert masks.shape[0] == config.depth == 2
+    np.testing.assert_array_equal(masks, np.broadcast_to(expected, masks.shape))
+  np.testing.assert_array_equal(  # Pairs open both ways; (0, 7) is not a pair.
+      np.asarray(planted["mask"].prior(4.0))[[1, 2, 2, 8, 1], [2, 1, 8, 2, 8]],
+      [4, 4, 4, 4, -4])
 
 
 def test_the_learned_arm_starts_as_standard_attention():

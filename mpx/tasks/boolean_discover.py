@@ -10,12 +10,14 @@ trained on the seen points (never a label of an unseen point):
       mask `M = 0` (standard attention, gradient 1/2) under a sparsity pressure on σ(M).
       The pressure closes every entry alike; an entry the task needs is pushed open against
       it. An entry that ends above its initial value σ(0) = 1/2 (`MASK_THRESHOLD`) is read
-      as used: a bit that CLS reads is in the support, two bits that read each other
-      interact. Per layer and head, and pooled (any layer, any head).
+      as used: a bit that CLS reads is in the support, two bits of which either reads the
+      other interact (and so are in the support too, though CLS may not read them: a
+      relay). Per layer and head, and pooled (any layer, any head).
   (b) the function reveals (`graph_from_function`): the trained model's output on the
       whole cube (inputs only), its Fourier coefficients, and every coefficient at least
       `FOURIER_THRESHOLD` of the largest non-constant one: its bits are in the support, and
-      every two of them interact.
+      every two of them interact. The cut is relative, so any function that is not
+      constant gives a graph: a model that learned nothing gives its noise's graph.
 
 `true_graph` is the same reading of the target's own spectrum (every non-zero
 coefficient), so a route that recovers the target's function recovers the true graph.

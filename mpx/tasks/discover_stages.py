@@ -109,6 +109,33 @@ class Stage1:
     return self._derived
 
 
+def record_discovered(path: pathlib.Path, task: str, entry: dict, header: dict,
+                      trained_with) -> dict:
+  """Writes `task`'s `entry` into `path` (RUN_DIR/discovered.json; the other tasks' kept,
+  `header`'s keys set where absent) and returns the file's data.
+
+  A resume derives stage 1's findings again from its checkpoint, while stage 2's members
+  resume from theirs, which started from the findings recorded before. Where the file
+  already holds `task`, `trained_with(entry)` (what stage 2 trains with: graphs, patterns)
+  must therefore equal the recorded one, or this refuses rather than report findings that
+  no member trained with (float32 readouts near a threshold can flip on another backend).
+  """
+  data = json.loads(path.read_text()) if path.is_file() else {}
+  recorded = data.get("tasks", {}).get(task)
+  canonical = lambda e: json.loads(json.dumps(trained_with(e)))
+  if recorded is not None and canonical(recorded) != canonical(entry):
+    raise RuntimeError(
+        f"{path}: stage 1 of {task!r} derived again from its checkpoint differs from what "
+        "stage 2 started with (recorded here), so the resumed stage 2 would be reported "
+        "under findings it was not trained with. Resume with the software it was started "
+        "with, or run the experiment again in a new --out.")
+  for key, value in header.items():
+    data.setdefault(key, value)
+  data.setdefault("tasks", {})[task] = entry
+  report_lib.atomic_write(str(path), json.dumps(data, indent=1) + "\n")
+  return data
+
+
 def check_single_process(experiment: str) -> None:
   """Stage 2 reads stage 1's checkpoint where process 0 wrote it: one process only."""
   if jax.process_count() > 1:
@@ -152,12 +179,15 @@ def attach_run_dir(experiment: str, stages: dict, config, run_dir) -> None:
 # The reports' cells (discovery.md of both experiments).
 
 
-def fmt_stats(stats: dict, percent: bool) -> str:
-  """`report.summarize` stats as "mean ± std": accuracies in %, scores as fractions."""
+def fmt_stats(stats: dict, percent: bool, n_seeds: int) -> str:
+  """`report.summarize` stats as "mean ± std": accuracies in %, scores as fractions; "(n of
+  n_seeds)" after it when some seeds have no value (a score undefined there, a divergence),
+  so a mean over fewer seeds than the per-seed column lists says so."""
   if not stats or stats["mean"] is None:
     return report_lib.MISSING
   scale = 100 if percent else 1
-  return f"{scale * stats['mean']:.2f} ± {scale * stats['std']:.2f}"
+  text = f"{scale * stats['mean']:.2f} ± {scale * stats['std']:.2f}"
+  return text if stats["n"] == n_seeds else f"{text} ({stats['n']} of {n_seeds})"
 
 
 def fmt_score(x) -> str:
