@@ -85,7 +85,7 @@ DERIVED = {"discovered_mask": ("learned", "mask"), "random_mask": ("learned", "r
            "random_fourier": ("default", "random_fourier")}
 ARMS = STAGE_1 + ("mask",) + tuple(DERIVED)
 SCORES = ("bit_precision", "bit_recall", "pair_precision", "pair_recall")
-METRICS = ("accuracy_unseen", *SCORES, "accuracy", "loss_unseen", "mdi_distance_unseen",
+METRICS = ("accuracy_unseen", *SCORES, "accuracy", "accuracy_seen", "loss_unseen", "mdi_distance_unseen",
            "target_distance_unseen", "graph_bits", "graph_pairs", "graph_empty")
 PAPER = {}  # Not in the paper.
 DISCOVERED_FILE = "discovered.json"
@@ -453,13 +453,20 @@ def report(run_dir, *more_run_dirs) -> list[str]:
               discovery_table(summary, task),
               f"True graph: bits {record['truth']['bits']}, "
               f"{len(record['truth']['pairs'])} pairs.\n"]
+    # Which stage-1 arm each route reads, and its seen accuracy: a graph is worth as much
+    # as the fit it was read from (route (b)'s cut is relative: noise gives a graph too).
+    read_from = {graph: arm for arm, graph in DERIVED.values()}
+    seen = {(m["scheme"], m["seed"]): m["metrics"].get("accuracy_seen")
+            for m in summary["members"] if m["task"] == task}
     for seed, entry in sorted(record["seeds"].items(), key=lambda kv: int(kv[0])):
       for route in ("mask", "fourier"):
         if route in entry:
           g = entry[route]
           scores = "; ".join(f"{s.replace('_', ' ')} {_score(g[s])}" for s in SCORES)
+          fit = seen.get((read_from[route], int(seed)))
+          fit = "" if fit is None else f"; read from a model at {100 * fit:.2f}% seen accuracy"
           parts.append(f"- seed {seed}, route {route}: bits {g['bits']}, pairs "
-                       f"{[tuple(p) for p in g['pairs']]} ({scores})")
+                       f"{[tuple(p) for p in g['pairs']]} ({scores}{fit})")
     parts.append("")
   path = run_dir / REPORT_FILE
   path.write_text("\n".join(parts) + "\n")

@@ -169,3 +169,19 @@ def test_report_writes_a_table_per_task(tiny_run):
   assert written[0] == str(out / dp.REPORT_FILE)
   assert "## 2parity" in text and "| discovered_fourier |" in text
   assert "- seed 0, route mask: bits" in text
+
+
+def test_report_prints_the_fit_each_graph_was_read_from(tiny_run, tmp_path):
+  """Route (a) reads the learned model, route (b) the default: their seen accuracies, told
+  apart here (the tiny run's are equal), stand beside the graphs."""
+  out, _ = tiny_run
+  summary = json.loads((out / "summary.json").read_text())
+  for m in summary["members"]:
+    m["metrics"]["accuracy_seen"] = {"learned": 0.25, "default": 0.75}.get(m["scheme"])
+  (tmp_path / "summary.json").write_text(json.dumps(summary))
+  (tmp_path / dp.DISCOVERED_FILE).write_text((out / dp.DISCOVERED_FILE).read_text())
+  dp.report(tmp_path)
+  lines = (tmp_path / dp.REPORT_FILE).read_text().splitlines()
+  for route, seen in (("mask", "25.00"), ("fourier", "75.00")):
+    line = next(x for x in lines if x.startswith(f"- seed 0, route {route}:"))
+    assert line.endswith(f"; read from a model at {seen}% seen accuracy)"), line
