@@ -172,9 +172,11 @@ def test_a_resume_derives_the_pattern_again_from_the_stage1_checkpoint(tiny_run)
   data = json.loads(path.read_text())
   data["tasks"]["addition"]["seeds"]["0"]["random"]["entries"] = [[1, 0]]  # Not trained with.
   path.write_text(json.dumps(data))
-  with pytest.raises(RuntimeError, match="differs from what stage 2 started with"):
-    run.run_experiment(da, preset="tiny", out_dir=str(out), resume=True)
-  path.write_text(json.dumps(before))
+  try:
+    with pytest.raises(RuntimeError, match="differs from what stage 2 started with"):
+      run.run_experiment(da, preset="tiny", out_dir=str(out), resume=True)
+  finally:
+    path.write_text(json.dumps(before))
 
 
 def test_refusals_name_the_fix(tmp_path):
