@@ -297,10 +297,9 @@ def plot_coverage(rows, path) -> str:
   scheme (mean over seeds, min–max bar), each point labelled with its task, the diagonal
   y = x. Schemes are nudged apart in x so coinciding points stay visible."""
   from mpx import plotting
-  plt = plotting._pyplot()  # Agg, the house backend.
   schemes = list(dict.fromkeys(r["scheme"] for r in rows))
   markers = ("o", "s", "^", "D", "v", "P", "X", "*")
-  fig, ax = plt.subplots(figsize=(6.4, 6.0), layout="constrained")
+  fig, ((ax,),) = plotting.subplots(1, 1, (6.4, 6.0), right=0.2, bottom=1.1, top=0.4)
   ax.plot([0, 100], [0, 100], color="0.6", linestyle="--", linewidth=1, label="y = x")
   for i, scheme in enumerate(schemes):
     mine = [r for r in rows if r["scheme"] == scheme and r["measured_mean"] is not None]
@@ -321,12 +320,8 @@ def plot_coverage(rows, path) -> str:
   ax.set_xlabel("predicted unseen accuracy (%), boolean_coverage.class_coverage")
   ax.set_ylabel("measured unseen accuracy (%), mean over seeds, min–max")
   ax.set_title("symmetric-mask hypothesis: predicted vs measured", fontsize="medium")
-  fig.legend(fontsize="small", loc="outside lower center", ncols=len(schemes) + 1)
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return str(path)
+  fig.legend(fontsize="small", loc="lower center", ncols=len(schemes) + 1)
+  return plotting._save(fig, path)
 
 
 def _read_summaries(run_dirs) -> dict:

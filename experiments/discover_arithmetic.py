@@ -322,7 +322,6 @@ def plot_discovered(task: str, record: dict, path) -> str:
   random patterns as the priors train with them. Row = query (it predicts the next
   token), column = key."""
   from mpx import plotting
-  plt = plotting._pyplot()
   spec, names, seeds = _spec(task, record), record["tokens"], sorted(record["seeds"], key=int)
   depth = len(next(iter(record["seeds"].values()))["sigma"]) if seeds else 0
   true_ij = np.asarray(record["hand_written"]["entries"]).reshape(-1, 2)
@@ -332,9 +331,10 @@ def plot_discovered(task: str, record: dict, path) -> str:
              + [("discovered (σ > threshold, any layer)",
                  lambda s: _prior_pattern_NN(spec, s["found"])),
                 ("random control", lambda s: _prior_pattern_NN(spec, s["random"]))])
-  fig, axes = plt.subplots(max(len(seeds), 1), len(columns), squeeze=False,
-                           layout="constrained",
-                           figsize=(2.7 * len(columns), 2.6 * max(len(seeds), 1) + 0.4))
+  fig, axes = plotting.subplots(
+      max(len(seeds), 1), len(columns),
+      (2.7 * len(columns), 2.6 * max(len(seeds), 1) + 0.4), left=0.5,
+      right=0.15, bottom=0.5, top=0.75, wspace=0.5, hspace=0.8)
   for row, seed in enumerate(seeds):
     entry = record["seeds"][seed]
     for col, (title, get) in enumerate(columns):

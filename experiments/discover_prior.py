@@ -361,7 +361,6 @@ def plot_discovered(task: str, record: dict, path) -> str:
   first), route (a)'s graph, the default model's Fourier pair weights (normalised) and
   route (b)'s graph; a graph's diagonal marks its support bits."""
   from mpx import plotting
-  plt = plotting._pyplot()
   n = record["n_bits"]
   seeds = sorted(record["seeds"], key=int)
   columns = [("true graph", lambda s: _adjacency_NN(n, record["truth"])),
@@ -369,8 +368,9 @@ def plot_discovered(task: str, record: dict, path) -> str:
              ("(a) mask route", lambda s: s.get("mask") and _adjacency_NN(n, s["mask"])),
              ("Fourier pair weight (default)", lambda s: s.get("fourier_pair_weight")),
              ("(b) Fourier route", lambda s: s.get("fourier") and _adjacency_NN(n, s["fourier"]))]
-  fig, axes = plt.subplots(len(seeds), len(columns), squeeze=False, layout="constrained",
-                           figsize=(2.6 * len(columns), 2.5 * len(seeds) + 0.4))
+  fig, axes = plotting.subplots(
+      len(seeds), len(columns), (2.6 * len(columns), 2.5 * len(seeds) + 0.4), left=0.5,
+      right=0.15, bottom=0.5, top=0.75, wspace=0.5, hspace=0.8)
   for row, seed in enumerate(seeds):
     for col, (title, get) in enumerate(columns):
       ax, values = axes[row, col], get(record["seeds"][seed])

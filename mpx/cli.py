@@ -106,6 +106,9 @@ def _run_command(args) -> int:
   if not distributed.is_primary():  # Process 0 writes the run's files.
     return 0
   run_dir, local_dir = summary["run_dir"], summary["local_dir"]
+  if not args.plots:
+    print(f"no plots (--no-plots): `mpx plot {run_dir}` draws them", file=sys.stderr)
+    return 0
   try:  # Drawn by default: summary.md links plots/overview.png.
     from mpx import plotting
     print(f"plots: {_plots_line(plotting.plot_run(local_dir), run_dir)}", file=sys.stderr)
@@ -247,6 +250,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "--resume=auto: start the run, or continue it where the directory "
                         "holds the same run (one command for the first start and every "
                         "restart; another run there is refused)")
+  run.add_argument("--no-plots", dest="plots", action="store_false",
+                   help="skip the figures (RUN_DIR/plots); `mpx plot RUN_DIR` draws them later")
   run.add_argument("--distributed", action="store_true",
                    help="join a multi-process run (jax.distributed; also MPX_DISTRIBUTED=1): "
                         "see launch/README.md")

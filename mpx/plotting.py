@@ -33,6 +33,22 @@ def _pyplot():
   return plt
 
 
+def subplots(rows: int, cols: int, figsize: tuple[float, float], *, left: float = 0.9,
+             right: float = 0.25, bottom: float = 0.6, top: float = 0.45,
+             wspace: float = 0.75, hspace: float = 0.8, **kwargs):
+  """`plt.subplots(rows, cols, squeeze=False)` with the margins and the gaps between
+  panels fixed in inches. A layout engine ("constrained", "tight") draws every figure
+  twice when it is saved, once to measure its text: most of a run's plotting time."""
+  plt = _pyplot()
+  width, height = figsize
+  panel_w = (width - left - right - (cols - 1) * wspace) / cols
+  panel_h = (height - bottom - top - (rows - 1) * hspace) / rows
+  fig, axes = plt.subplots(rows, cols, figsize=figsize, squeeze=False, **kwargs)
+  fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height,
+                      top=1 - top / height, wspace=wspace / panel_w, hspace=hspace / panel_h)
+  return fig, axes
+
+
 def _save(fig, path, dpi: int = 110) -> str:
   """Writes `fig` to the PNG file `path` (making its folder) and frees it; returns the path."""
   pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +184,6 @@ def prior_figure(mask_logits, title: str = "", *, tokens: Sequence[str] | None =
   """Heatmaps of the bias `log σ(M)` a prior adds to the logits, one panel per head,
   ticks named by `tokens` (default: positions) and panels by `head_titles`."""
   from mpx.attention import mask_bias
-  plt = _pyplot()
   bias = np.asarray(mask_bias(mask_logits))
   heads = bias[None] if bias.ndim == 2 else bias
   tokens = tokens or [str(i) for i in range(heads.shape[-1])]
@@ -176,8 +191,8 @@ def prior_figure(mask_logits, title: str = "", *, tokens: Sequence[str] | None =
                                 else ["shared by heads"])
   cols = min(len(heads), 3)
   rows = math.ceil(len(heads) / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.4 * rows), squeeze=False,
-                           layout="constrained")
+  fig, axes = subplots(rows, cols, (4.2 * cols, 4.4 * rows), left=0.9, right=1.0, bottom=0.9, top=0.75,
+                       wspace=0.9, hspace=1.2)
   low = min(float(bias.min()), -1e-3)
   for h, ax in enumerate(axes.flat):
     if h >= len(heads):
@@ -236,9 +251,8 @@ def _curves(records, value_fn) -> dict:
 def curve_figure(curves, task: str, metric: str, varying: Sequence[str],
                  colors: Mapping[str, str], title: str):
   """One metric of one task over training: a line per cell of `curves` (`_curves`)."""
-  plt = _pyplot()
   scale, label = _unit(metric)
-  fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+  fig, ((ax,),) = subplots(1, 1, (6.4, 4.2), right=0.2, bottom=0.55, top=0.4)
   _draw_lines(ax, {cell: _band(steps, values, scale)
                    for cell, (steps, values) in curves.items() if cell[0] == task},
               varying, colors)
@@ -268,11 +282,10 @@ def attention_figure(records, task: str, layer: str, varying: Sequence[str],
   it asks for (uniform over each query's allowed keys), then the member's attention at
   its first, middle and last evaluation, averaged over the probe batch and heads; ticks
   named by `tokens` (`token_labels`)."""
-  plt = _pyplot()
   cells = list(dict.fromkeys(report.cell_key(r) for r in records
                              if r["task"] == task and _has_map(r, layer)))
-  fig, axes = plt.subplots(len(cells), 4, figsize=(13, 3.4 * len(cells)), squeeze=False,
-                           layout="constrained")
+  fig, axes = subplots(len(cells), 4, (13, 3.4 * len(cells)), left=1.2, right=1.0, bottom=0.85,
+                       top=0.75, wspace=0.5, hspace=0.95)
   for row, cell in zip(axes, cells):
     history = _map_history(records, cell, layer)
     pattern = np.asarray(history[-1]["prior_pattern"], np.float64)
@@ -309,8 +322,8 @@ def degree_figure(records, task: str, varying: Sequence[str], colors: Mapping[st
   means = {cell: (profiles / np.maximum(profiles.sum(-1, keepdims=True), 1e-12)).mean(0)
            for cell, (_, profiles) in curves.items()}  # [steps, degrees] over seeds.
   shown = sorted(set().union(*(np.flatnonzero(m.max(0) >= 0.01) for m in means.values())))
-  fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.8), sharey=True,
-                           squeeze=False, layout="constrained")
+  fig, axes = subplots(1, len(curves), (4.2 * len(curves), 3.8), left=1.0, right=0.2, top=0.7,
+                       wspace=0.3, sharey=True)
   for ax, (cell, (steps, profiles)) in zip(axes[0], curves.items()):
     for i, degree in enumerate(shown):  # Sequential colours, no scheme's; alike in panels.
       ax.plot(steps, means[cell][:, degree], label=f"degree {degree}",
@@ -440,9 +453,10 @@ def overview_figure(summary, records, metric: str, colors: Mapping[str, str]):
   varying = _varying(members)
   curves = {t: _fidelity_curves(records, members, t) for t in tasks}
   cols = 2 if any(curves.values()) else 1
-  plt = _pyplot()
-  fig, axes = plt.subplots(len(tasks), cols, figsize=(6.4 * cols, 3.8 * len(tasks)),
-                           squeeze=False, layout="constrained")
+  lines = 2 + max(len(keys) for keys in varying.values())  # Of a strip's tick labels.
+  ticks = 0.2 + 0.17 * lines
+  fig, axes = subplots(len(tasks), cols, (6.4 * cols, 3.8 * len(tasks)), bottom=0.3 + ticks, top=0.7,
+                       wspace=0.9, hspace=0.6 + ticks)
   for row, task in zip(axes, tasks):
     _strip_panel(row[0], members, varying[task], task, metric, paper, colors)
     if cols == 2 and curves[task]:
@@ -496,9 +510,8 @@ def sensitivity_figure(summary, hparam: str, metric: str, colors: Mapping[str, s
                      f"a finite {metric}; nothing to plot (pass another metric).")
   scale, label = _unit(metric)
   tasks = list(dict.fromkeys(m["task"] for m in members))
-  plt = _pyplot()
-  fig, axes = plt.subplots(1, len(tasks), figsize=(5.6 * len(tasks), 4.2), squeeze=False,
-                           layout="constrained")
+  fig, axes = subplots(1, len(tasks), (5.6 * len(tasks), 4.2), right=0.2, bottom=0.65, top=0.4,
+                       wspace=0.9)
   for ax, task in zip(axes[0], tasks):
     mine = [m for m in members if m["task"] == task]
     varying = [k for k in report.distinguishing_hparams(mine) if k != hparam]

@@ -367,10 +367,13 @@ def make_task(config: Config, task_name: str) -> engine.Task:
   monomials = boolean_fourier.task_monomials(spec)
   held_out = validation_points(spec) if config.select is not None else None
   target = boolean.make_splits(spec, 0)["test"][1]
+  # One compile for every member (eager, `model.init` dispatches each op on its own);
+  # bit for bit the eager values.
+  model_init = jax.jit(lambda key: model.init(key, tokens)["params"])
 
   def init(member: engine.Member):
     key = jax.random.key(member.seed)
-    params = model.init(key, tokens)["params"]
+    params = model_init(key)
     strength = member.labels["mask_strength"]
     scheme = member.scheme.partition(":")[0]
     if scheme == "mask":
