@@ -23,8 +23,12 @@ def member(seed=0, scheme="mask", lr=1e-2, **hparams):
   return engine.Member("toy", scheme, seed, hp | hparams)
 
 
+# Compiled once: eager, `init` dispatches each of its ops alone (most of a test's init time).
+_model_init = jax.jit(lambda key: MODEL.init(key, boolean.tokens(jnp.ones((1, N_BITS)))))
+
+
 def init_params(m):
-  params = MODEL.init(jax.random.key(m.seed), boolean.tokens(jnp.ones((1, N_BITS))))["params"]
+  params = _model_init(jax.random.key(m.seed))["params"]
   prior = priors.parity_prior(N_BITS, (0, 1), 3.0)
   return schemes.apply_scheme(m.scheme, params, prior, jax.random.key(7), num_heads=2,
                               head_dim=4, qk_opt_steps=50)

@@ -48,7 +48,7 @@ def _env(devices: int, **extra) -> dict:
 
 def _mpx_run(out, devices, *args, env=None, processes=1, timeout=300):
   """`mpx run boolean_gotu --preset tiny` as `processes` processes of `devices` each."""
-  command = [sys.executable, "-m", "mpx.cli", "run", "boolean_gotu", "--preset", "tiny",
+  command = [sys.executable, "-m", "mpx.cli", "run", "boolean_gotu", "--preset", "tiny", "--no-plots",
              "--out", str(out), *TINY, *args]
   if processes == 1:
     envs = [env or _env(devices)]
@@ -121,7 +121,7 @@ def test_sigterm_to_one_process_of_a_slurm_job_then_resume_on_one_device(tmp_pat
   on 4 devices in ONE process on one device (6 rows) and ends where the single run does."""
   out = tmp_path / "run"
   job_id = _slurm_job_id()
-  command = [sys.executable, "-m", "mpx.cli", "run", "boolean_gotu", "--preset", "tiny",
+  command = [sys.executable, "-m", "mpx.cli", "run", "boolean_gotu", "--preset", "tiny", "--no-plots",
              "--out", str(out), *TINY]
   procs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,

@@ -49,7 +49,7 @@ _CACHE = {"JAX_COMPILATION_CACHE_DIR": tempfile.mkdtemp(prefix="mpx-test-resume-
 
 def _argv(out, *extra):
   """The one command: the same for the first start and every restart."""
-  return ["run", TOY, "--out", str(out), "--resume=auto", *SETS, *extra]
+  return ["run", TOY, "--no-plots", "--out", str(out), "--resume=auto", *SETS, *extra]
 
 
 # --- the kill points (test hooks) ----------------------------------------------------------

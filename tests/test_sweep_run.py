@@ -62,7 +62,7 @@ def test_run_writes_outputs(uninterrupted, capsys):
 
 def test_rerun_into_same_dir_without_resume_is_an_error(uninterrupted, capsys):
   with pytest.raises(SystemExit):
-    cli.main(["run", TOY, "--out", str(uninterrupted)])
+    cli.main(["run", TOY, "--no-plots", "--out", str(uninterrupted)])
   assert "--resume" in capsys.readouterr().err
 
 
@@ -76,7 +76,7 @@ def test_refused_fresh_run_leaves_the_run_folder_unchanged(uninterrupted, tmp_pa
   shutil.copytree(uninterrupted, out)
   before = _files(out)
   with pytest.raises(SystemExit) as exit_info:
-    cli.main(["run", TOY, "--out", str(out), "--set", "learning_rate=0.5"])
+    cli.main(["run", TOY, "--no-plots", "--out", str(out), "--set", "learning_rate=0.5"])
   assert exit_info.value.code == run.REFUSED_EXIT_CODE == 3
   assert _files(out) == before                       # config.json and metrics included.
   err = capsys.readouterr().err
@@ -84,14 +84,14 @@ def test_refused_fresh_run_leaves_the_run_folder_unchanged(uninterrupted, tmp_pa
   assert len(err.strip().splitlines()) == 1
   # The kept config still guards the run: resuming it with the new settings is refused.
   with pytest.raises(SystemExit):
-    cli.main(["run", TOY, "--out", str(out), "--resume", "--set", "learning_rate=0.5"])
+    cli.main(["run", TOY, "--no-plots", "--out", str(out), "--resume", "--set", "learning_rate=0.5"])
   assert "learning_rate" in capsys.readouterr().err
   assert _files(out) == before
   # Metrics past step 0 without a checkpoint (killed before its first save) are refused
   # too: that run trained.
   shutil.rmtree(out / "checkpoints")
   with pytest.raises(SystemExit):
-    cli.main(["run", TOY, "--out", str(out), "--set", "learning_rate=0.5"])
+    cli.main(["run", TOY, "--no-plots", "--out", str(out), "--set", "learning_rate=0.5"])
   assert "already holds metrics" in capsys.readouterr().err
   assert json.loads((out / "config.json").read_bytes()) == json.loads(before[
       pathlib.Path("config.json")])
@@ -101,16 +101,16 @@ def test_a_run_that_fails_at_start_does_not_block_its_corrected_rerun(uninterrup
                                                                       tmp_path, capsys):
   out = tmp_path / "failed"
   with pytest.raises(SystemExit):
-    cli.main(["run", TOY, "--out", str(out), "--set", "fail_to_train=true"])
+    cli.main(["run", TOY, "--no-plots", "--out", str(out), "--set", "fail_to_train=true"])
   assert "cannot be traced" in capsys.readouterr().err
   # What it left: its config, the step-0 evaluation and the groups' checkpoint folders.
   assert {r["step"] for r in report.read_metrics(out)} == {0}
   assert (out / "checkpoints" / "toy_a").is_dir()
   with pytest.raises(SystemExit):  # --resume is refused, naming the way out.
-    cli.main(["run", TOY, "--out", str(out), "--resume"])
+    cli.main(["run", TOY, "--no-plots", "--out", str(out), "--resume"])
   err = capsys.readouterr().err
   assert "fail_to_train" in err and "never completed a step" in err and "without --resume" in err
-  assert cli.main(["run", TOY, "--out", str(out)]) == 0
+  assert cli.main(["run", TOY, "--no-plots", "--out", str(out)]) == 0
   assert (out / "metrics.jsonl").read_bytes() == (uninterrupted / "metrics.jsonl").read_bytes()
   saved = json.loads((out / "config.json").read_text())
   assert saved["config"]["fail_to_train"] is False
@@ -126,7 +126,7 @@ def test_config_records_the_command_but_resume_compares_only_the_config(uninterr
   # A folder written before the command was recorded, resumed from another spelling of it.
   del saved["run"]
   (out / "config.json").write_text(json.dumps(saved))
-  assert cli.main(["run", TOY, "--out", str(out) + "/", "--resume"]) == 0
+  assert cli.main(["run", TOY, "--no-plots", "--out", str(out) + "/", "--resume"]) == 0
   assert "--resume" in capsys.readouterr().err.splitlines()[0]
 
 
@@ -141,7 +141,7 @@ def test_resume_checks_the_config_stored_with_the_checkpoints(uninterrupted, tmp
   (out / "config.json").write_text(json.dumps(tampered, indent=2) + "\n")
   before = _files(out)
   with pytest.raises(SystemExit) as exit_info:
-    cli.main(["run", TOY, "--out", str(out), "--resume", "--set", "learning_rate=0.5"])
+    cli.main(["run", TOY, "--no-plots", "--out", str(out), "--resume", "--set", "learning_rate=0.5"])
   assert exit_info.value.code == run.REFUSED_EXIT_CODE == 3
   err = capsys.readouterr().err
   assert "checkpoints" in err and "another config" in err and "['learning_rate']" in err
@@ -180,7 +180,7 @@ def _run_preempted_then_resume(out, overrides=(), before_resume=lambda: None, va
   assert not (out / "summary.json").exists()
   before_resume()
   sets = [a for o in overrides for a in ("--set", o)]
-  assert cli.main(["run", TOY, "--out", str(out), "--resume", *sets]) == 0
+  assert cli.main(["run", TOY, "--no-plots", "--out", str(out), "--resume", *sets]) == 0
 
 
 def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
@@ -208,14 +208,14 @@ def test_gs_run_resumed_elsewhere_equals_the_local_run(uninterrupted, bucket):
   assert (root / "summary.md").read_text() == (uninterrupted / "summary.md").read_text()
   assert (root / "plots" / "overview.png").exists()
   with pytest.raises(SystemExit):                     # A fresh run into it is refused.
-    cli.main(["run", TOY, "--out", out, "--set", sets[0]])
+    cli.main(["run", TOY, "--no-plots", "--out", out, "--set", sets[0]])
 
 
 def test_stream_run_trains_and_resumes_exactly_after_sigterm(tmp_path):
   """A host stream trains through the same loop, and resumes bit-exact (the stream is a
   function of (seed, step))."""
   whole = tmp_path / "whole"
-  assert cli.main(["run", TOY, "--out", str(whole), "--set", "data=stream"]) == 0
+  assert cli.main(["run", TOY, "--no-plots", "--out", str(whole), "--set", "data=stream"]) == 0
   records = report.read_metrics(whole)
   assert len(records) == 2 * 4 * (24 // 4 + 1)
   first = [r["train_loss"] for r in records if r["step"] == 4]
@@ -248,13 +248,13 @@ def test_sigkill_after_checkpoint_then_resume_is_exact(uninterrupted, tmp_path):
 
 def test_resume_with_another_config_is_an_error(uninterrupted, capsys):
   with pytest.raises(SystemExit):
-    cli.main(["run", TOY, "--out", str(uninterrupted), "--resume", "--set", "steps=8"])
+    cli.main(["run", TOY, "--no-plots", "--out", str(uninterrupted), "--resume", "--set", "steps=8"])
   assert "steps" in capsys.readouterr().err
 
 
 def test_diverged_member_is_reported_and_others_unchanged(uninterrupted, tmp_path):
   out = tmp_path / "diverged"
-  assert cli.main(["run", TOY, "--out", str(out), "--set", "bad_learning_rate=1e30"]) == 0
+  assert cli.main(["run", TOY, "--no-plots", "--out", str(out), "--set", "bad_learning_rate=1e30"]) == 0
   summary = json.loads((out / "summary.json").read_text())
   flags = [(m["scheme"], m["seed"], m["diverged"]) for m in summary["members"]]
   assert ("mask", 1, True) in flags and ("mask", 11, True) in flags
