@@ -11,6 +11,8 @@ import json
 import math
 import os
 import pathlib
+import platform
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,7 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import mpx.experiments.boolean_gotu as gotu_experiment
 from mpx import attention as attention_lib
+from mpx.sweep import config as config_lib
+from mpx.sweep import memory
+from mpx.tasks import boolean, boolean_gotu
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "accelerator_check.py"
@@ -75,7 +81,119 @@ def tiny_run(tmp_path_factory):
   return report, (tmp / "out" / AC.MARKDOWN_FILE).read_text(), done.stdout
 
 
+def _number(text: str) -> float:
+  return float(re.match(r"[-+0-9.e]+", text).group())
+
+
+def _environment_content(stages):
+  """The device, versions and flags of the process that ran (this one's, inherited), the
+  matmul peak at the tiny size."""
+  import flax
+  import jaxlib
+  facts = stages["environment"]["facts"]
+  assert facts["device"] == f"{jax.device_count()} × cpu (cpu)"
+  assert facts["versions"].startswith(
+      f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, flax {flax.__version__}, "
+      f"Python {platform.python_version()}; "), facts["versions"]
+  assert facts["XLA_FLAGS / memory fraction"] == (
+      f"{os.environ.get('XLA_FLAGS', '')!r} / "
+      f"{os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION')}")
+  peak = facts[f"matmul peak ({AC.TINY.matmul_n}³ jnp.dot, best of {AC.TINY.matmul_repeats})"]
+  found = re.match(r"float32 (\S+) TFLOP/s, bfloat16 (\S+) TFLOP/s", peak)
+  assert found and min(map(float, found.groups())) > 0, peak
+  return {"float32": float(found[1]), "bfloat16": float(found[2])}
+
+
+def _sweep_content(stages, peaks):
+  """Each row's numbers agree with one another (rate, XLA's FLOPs, the peak, the program
+  size), and the most members that fit is the arithmetic of the two float32 rows."""
+  stage = stages["sweep"]
+  for row in stage["rows"]:
+    assert row["member-steps/s"] == f"{row['rate']:.4g}", row
+    assert row["program memory"] == memory.size(row["program"]), row
+    # Printed to 3 significant digits (from XLA's count, printed to 4): a relative
+    # rounding of at most (1 + 5e-3)(1 + 5e-4) - 1 < 5.6e-3.
+    achieved = float(row["GFLOP / member-step (XLA)"]) * row["rate"] / 1e3
+    assert float(row["achieved TFLOP/s"]) == pytest.approx(achieved, rel=5.6e-3), row
+    dtype = row["precision, attention"].split(",")[0]
+    # Both to 3 digits (1% off at most), the percent rounded to an integer.
+    percent = 100 * float(row["achieved TFLOP/s"]) / peaks[dtype]
+    assert abs(_number(row["of the peak"]) - percent) <= 0.5 + 0.011 * percent, (row, peaks)
+  one, two = (next(r for r in stage["rows"] if r["K"] == k
+                   and r["precision, attention"] == "float32, reference") for k in (1, 2))
+  per_member = two["program"] - one["program"]
+  assert per_member > 0
+  most = stage["facts"]["most members that fit (tiny)"]
+  assert most.startswith(f"2 ({memory.size(per_member)} per member + "
+                         f"{memory.size(one['program'] - per_member)} shared, "), most
+  assert most.endswith("; capped at 2)"), most
+
+
+def _cudnn_content(stages):
+  """Every probe compared two different computations (bf16 fused against float32
+  reference: a nonzero error) within its tolerance; the engine's two losses agree."""
+  stage = stages["cudnn"]
+  assert stage["facts"]["fused attention checked"] == (
+      'the XLA path (implementation="jax"; no GPU here)')
+  for row in stage["rows"]:
+    found = re.search(r"relative error (\S+) \(tolerance (\S+)\)", row["detail"])
+    assert found, row
+    error, tolerance = float(found[1]), float(found[2])
+    assert 0 < error <= tolerance, row
+  engine = next(r for r in stage["rows"] if r["case"] == "engine_chunk")
+  losses = re.match(r"train loss \[(.*)\] vs \[(.*)\]", engine["detail"]).groups()
+  got, want = (np.array([float(x) for x in part.split(", ")]) for part in losses)
+  assert got.shape == want.shape == (2,) and np.all(np.isfinite(got))
+  np.testing.assert_allclose(got, want, rtol=5e-2)
+
+
+def _models_content(stages):
+  """Two ViT members per row, mapped as `TINY.vit_rows` says; throughput is K × batch (or
+  the language row's tokens) per step, and per member a K-th of it."""
+  rows = stages["models"]["rows"]
+  vit = [r for r in rows if r["model"].startswith("ViT")]
+  assert [(r["K"], r["members_per_call"]) for r in vit] == [
+      (2, m) for _, m in AC.TINY.vit_rows]
+  for row in rows:  # Each printed to 4 significant digits: 5e-4 apiece, a ratio < 1.1e-3.
+    rate = float(row["images or tokens /s"])
+    assert float(row["per member"]) == pytest.approx(rate / row["K"], rel=1.1e-3), row
+    assert _number(row["program memory"]) > 0, row
+  for row in vit:
+    items = row["K"] * AC.TINY.vit_batch / float(row["step s (all members)"])
+    assert float(row["images or tokens /s"]) == pytest.approx(items, rel=1.1e-3), row
+  assert rows[-1]["model"] == "language tiny (1 × 16, 16 tokens, vocab 257, float32)"
+
+
+def _eta_content(stages):
+  """The tiny table's ETA: 2Parity's members × steps (the tiny preset's, computed here)
+  at the rate the sweep measured for that K, plus the float32 compile; the trained run
+  names the same members and steps."""
+  stage = stages["eta"]
+  _, config = config_lib.make_config(gotu_experiment, "tiny")
+  x, _ = boolean_gotu.training_split(boolean.get_task("2parity"), 0, None)
+  members = len(config.schemes) * config.seeds
+  steps = config.epochs * (len(x) // config.batch_size)
+  (row,) = stage["rows"]
+  assert (row["task"], row["members"], row["steps"]) == ("2parity", members, steps)
+  assert row["member-steps"] == f"{members * steps:,}"
+  sweep = [r for r in stages["sweep"]["rows"]
+           if r["precision, attention"] == "float32, reference"]
+  measured = next(r for r in sweep if r["K"] == members)  # The tiny sweep measures K = 2.
+  assert row["rate used"] == f"{measured['rate']:.4g} member-steps/s (K = {members})"
+  assert row["training s"] == f"{members * steps / measured['rate']:.0f}"
+  compile_s = max(float(r["compile s"]) for r in sweep)
+  eta = stage["facts"]["ETA of the tiny table"]
+  found = re.match(r"(\d+) s = training \+ 1 × (\d+) s compile; fits one 600 s call", eta)
+  assert found, eta
+  assert abs(int(found[2]) - compile_s) <= 0.6, (eta, compile_s)
+  assert abs(int(found[1]) - (members * steps / measured["rate"] + compile_s)) <= 1, eta
+  trained = stage["facts"]["2Parity default and mask, trained"]
+  assert f"({members} members × {steps} steps; expected " in trained, trained
+
+
 def test_tiny_run_reports_every_stage(tiny_run):
+  """Every stage ran, and what it reports holds together: the numbers each stage
+  derives agree with the measurements it derives them from and with this machine."""
   report, markdown, stdout = tiny_run
   stages = report["stages"]
   assert list(stages) == list(AC.STAGES)
@@ -83,6 +201,11 @@ def test_tiny_run_reports_every_stage(tiny_run):
     assert stage["status"] == "done", (key, stage["notes"])
     assert f"{stage['title']} (done" in markdown
   assert markdown.strip() in stdout  # The report is printed at the end too.
+  peaks = _environment_content(stages)
+  _sweep_content(stages, peaks)
+  _cudnn_content(stages)
+  _models_content(stages)
+  _eta_content(stages)
 
 
 def test_tiny_run_measures_the_sweep(tiny_run):

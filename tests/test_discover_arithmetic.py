@@ -3,6 +3,7 @@ the control on planted patterns (`mpx.tasks.arithmetic_discover`), and the
 discover_arithmetic experiment end to end at the `tiny` preset (stage 2 reads stage 1's
 checkpoint, fresh and on a resume). `tiny` learns nothing: it checks the plumbing."""
 
+import dataclasses
 import json
 
 import jax
@@ -17,6 +18,11 @@ from mpx.tasks import arithmetic, arithmetic_discover as ad, discover_stages
 
 SPEC = arithmetic.get_task("addition", 3, reverse_answer=False)  # The quick run's format.
 N = SPEC.n_tokens
+# Tokens BOS a2 a1 a0 + b2 b1 b0 = c3 c2 c1 c0 (0..12); rows 8..11 predict c3..c0. The
+# alignment by hand: `=`→a2,b2; c3→a2,a1,b2,b1; c2→a1,a0,b1,b0; c1→a0,b0.
+ANSWER_ROWS = (8, 9, 10, 11)
+HAND_ENTRIES = [[8, 1], [8, 5], [9, 1], [9, 2], [9, 5], [9, 6], [10, 2], [10, 3],
+                [10, 6], [10, 7], [11, 3], [11, 7]]
 
 
 def _planted_LHNN(open_NN, spread=True):
@@ -133,25 +139,58 @@ def test_the_tiny_run_trains_both_stages_from_the_discovered_pattern(tiny_run):
   seed = record["seeds"]["0"]
   assert seed["found"]["n_open"] > 0  # Else the equalities below hold vacuously.
   assert np.asarray(seed["sigma"]).shape == (1, 2, N, N)  # [L, H, N, N] of tiny.
-  records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
-  trained = {r["scheme"]: r["pattern"] for r in records if "pattern" in r}
-  assert trained["mask"] == record["hand_written"]["entries"]
-  assert trained["discovered_mask"] == seed["found"]["entries"]
-  assert trained["random_mask"] == seed["random"]["entries"]
-  final = {m["scheme"]: m["metrics"] for m in summary["members"]}
-  assert final["mask"]["precision"] == final["mask"]["recall"] == 1.0
-  assert final["discovered_mask"]["recall"] == seed["found"]["recall"]
-  assert final["random_mask"]["n_open"] == final["discovered_mask"]["n_open"]
-  assert "precision" not in final["default"]
-  assert (out / "plots" / "discovered_addition.png").stat().st_size > 10_000
-  # The pattern is stage 1's trained learned member, read back from its final checkpoint.
-  stage1 = da.build_groups(config_lib.make_config(da, "tiny")[1])[0]
+  # The expected patterns, known without the code that made them: the hand-written
+  # alignment by hand, and the discovered one read here from stage 1's final checkpoint
+  # (σ(M) > 1/2 in any layer and head, on the answer rows' past keys).
+  assert HAND_ENTRIES == [[i, j] for i in ANSWER_ROWS for j in range(i)
+                          if np.asarray(arithmetic.prior(SPEC, 4.0))[i, j] > 0]
+  config = config_lib.make_config(da, "tiny")[1]
+  stage1, stage2 = da.build_groups(config)
   with checkpoint.Checkpointer(out / "checkpoints" / stage1.name, max_to_keep=None) as ckpt:
     assert ckpt.latest_step() == stage1.steps
     state, _ = ckpt.restore_host(engine.init_state(stage1))
+  assert [m.scheme for m in stage1.members] == ["default", "learned"]
   masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, 1))
   assert np.abs(masks).max() > 0.01  # Trained away from M = 0.
-  assert ad.entries(ad.open_from_masks(masks), SPEC) == seed["found"]["entries"]
+  open_NN = (1 / (1 + np.exp(-np.asarray(masks, np.float64))) > 0.5).any((0, 1))
+  found = [[i, j] for i in ANSWER_ROWS for j in range(i) if open_NN[i, j]]
+  assert found and found != HAND_ENTRIES  # Else swapping the two patterns would pass.
+  records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+  trained = {r["scheme"]: r["pattern"] for r in records if "pattern" in r}
+  assert trained["mask"] == record["hand_written"]["entries"] == HAND_ENTRIES
+  assert trained["discovered_mask"] == seed["found"]["entries"] == found
+  assert trained["random_mask"] == seed["random"]["entries"]
+  assert ad.entries(ad.open_from_masks(masks), SPEC) == found
+  # The control: as many entries per answer row as found there, among its past keys.
+  random = trained["random_mask"]
+  assert all(i in ANSWER_ROWS and 0 <= j < i for i, j in random), random
+  assert len({tuple(e) for e in random}) == len(random)
+  row_count = lambda pattern: [sum(i == row for i, _ in pattern) for row in ANSWER_ROWS]
+  assert row_count(random) == row_count(found)
+  final = {m["scheme"]: m["metrics"] for m in summary["members"]}
+  hand = {tuple(e) for e in HAND_ENTRIES}
+  for arm, pattern in (("mask", HAND_ENTRIES), ("discovered_mask", found),
+                       ("random_mask", random)):
+    hits = len(hand & {tuple(e) for e in pattern})
+    assert final[arm]["n_open"] == len(pattern), arm
+    assert final[arm]["recall"] == pytest.approx(hits / len(HAND_ENTRIES)), arm
+    assert final[arm]["precision"] == pytest.approx(hits / len(pattern)), arm
+  assert final["mask"]["precision"] == final["mask"]["recall"] == 1.0
+  assert "precision" not in final["default"]
+  # What each stage-2 member trained with: its final masks (±4 at init, 20 small steps
+  # since) are positive, in every layer and head, exactly on its pattern's entries.
+  default_init = stage1.task.init  # Only the param tree: stage 2's init rederives patterns.
+  template = dataclasses.replace(stage2, task=dataclasses.replace(
+      stage2.task, init=lambda m: default_init(dataclasses.replace(m, scheme="default"))))
+  with checkpoint.Checkpointer(out / "checkpoints" / stage2.name, max_to_keep=None) as ckpt:
+    state2, _ = ckpt.restore_host(engine.init_state(template))
+  expected = {"mask": HAND_ENTRIES, "discovered_mask": found, "random_mask": random}
+  for i, member in enumerate(stage2.members):
+    masks2 = discover_stages.mask_logits_LHNN(engine.unstack(state2.params, i))
+    positive_NN = (np.asarray(masks2) > 0).all((0, 1))
+    assert [[r, k] for r in ANSWER_ROWS for k in range(r) if positive_NN[r, k]] == expected[
+        member.scheme], member.scheme
+  assert (out / "plots" / "discovered_addition.png").stat().st_size > 10_000
   recorded = (out / da.DISCOVERED_FILE).stat().st_mtime_ns
   written = da.report(out)
   assert (out / da.DISCOVERED_FILE).stat().st_mtime_ns == recorded  # Only read.

@@ -3,6 +3,7 @@ reads stage 1's checkpoint, fresh and on a resume), the files it writes, and the
 `tiny` (24 steps of a width-16 model) discovers nothing worth training with: it checks the
 plumbing, not the method (tests/test_discover.py does)."""
 
+import dataclasses
 import json
 
 import jax
@@ -14,7 +15,8 @@ import mpx.experiments.discover_prior as dp
 from mpx import checkpoint, priors
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, run
-from mpx.tasks import boolean, boolean_discover as bd, discover_stages
+from mpx.tasks import boolean, boolean_discover as bd, boolean_gotu as gotu
+from mpx.tasks import discover_stages
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +70,97 @@ def test_stage2_trains_with_the_graphs_derived_from_stage1(tiny_run):
   masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, 1))
   assert np.abs(masks).max() > 0.01  # Trained away from M = 0.
   assert bd.graph_from_masks(masks).to_json() == trained["discovered_mask"]
+  # Route (b) recomputed here, not by boolean_fourier / boolean_discover: the default
+  # member's output on the cube, its Walsh-Hadamard spectrum, every coefficient at least
+  # 0.1 of the largest non-constant one.
+  config = config_lib.make_config(dp, "tiny")[1]
+  x_PN = 2 * ((np.arange(2**15)[:, None] >> np.arange(15)) & 1) - 1  # Row r: bit i of r.
+  model = gotu.make_model(config)
+  apply = jax.jit(lambda p, t: model.apply({"params": p}, t)[:, 0])
+  pred = np.asarray(apply(engine.unstack(state.params, 0), jnp.asarray((x_PN + 1) // 2)),
+                    np.float64)
+  c = pred.reshape([2] * 15)
+  for axis in range(15):
+    c = np.stack([np.take(c, 0, axis) + np.take(c, 1, axis),
+                  np.take(c, 0, axis) - np.take(c, 1, axis)], axis)
+  size = np.abs(c.reshape(-1))
+  size[0] = 0.0
+  relative = size / size.max()
+  assert np.abs(relative - 0.1).min() > 1e-3  # No coefficient on the cut: a clear reading.
+  subsets = [[i for i in range(15) if s >> i & 1] for s in np.flatnonzero(relative >= 0.1)]
+  assert trained["discovered_fourier"] == {
+      "bits": sorted({b for subset in subsets for b in subset}),
+      "pairs": [[i, j] for i, j in sorted(
+          {(i, j) for subset in subsets for i in subset for j in subset if i < j})]}
+
+
+def _open_pattern(bits, pairs):
+  """The sign pattern of a graph's prior over CLS + 15 bit tokens, by hand: CLS and each
+  support bit read each other, paired bits read each other, every token itself."""
+  open_NN = np.eye(16, dtype=bool)
+  for b in bits:
+    open_NN[0, b + 1] = open_NN[b + 1, 0] = True
+  for i, j in pairs:
+    open_NN[i + 1, j + 1] = open_NN[j + 1, i + 1] = True
+  return open_NN
+
+
+def test_stage2_reads_the_graphs_planted_in_stage1(tmp_path):
+  """Stage 1's final state planted with known graphs (with pairs): the learned member's
+  mask opens CLS→x1, x3 in head 0 and x1→x3 in head 1 (route (a): bits {1, 3}, pair
+  (1, 3)); the default member's output is x0·x1 + 0.3·x5 (route (b): bits {0, 1, 5}, pair
+  (0, 1)). 2Parity's true graph is bits {0, 1}, pair (0, 1). Stage 2 reads the planted
+  checkpoint as a run does, records and scores the graphs, and starts from their priors."""
+  config = config_lib.make_config(dp, "tiny")[1]
+  stage1, stage2 = dp.build_groups(config)
+  assert [m.scheme for m in stage1.members] == ["default", "learned"]
+  state = engine.init_state(stage1)
+  planted_HNN = np.full((2, 16, 16), -6.0, np.float32)  # Token 0 is CLS, token b + 1 bit b.
+  planted_HNN[0, 0, [2, 4]] = 3.0
+  planted_HNN[1, 2, 4] = 3.0
+
+  def plant(path, leaf):
+    if "mask_logits" not in jax.tree_util.keystr(path):
+      return leaf
+    leaf = np.array(leaf)
+    leaf[1] = planted_HNN
+    return leaf
+
+  state = state._replace(params=jax.tree_util.tree_map_with_path(plant, state.params))
+  with checkpoint.Checkpointer(tmp_path / "checkpoints" / stage1.name, max_to_keep=None) as ckpt:
+    ckpt.save(stage1.steps, state, {})
+  planted_fn = lambda params, batch: {"pred": batch["x"][:, 0] * batch["x"][:, 1]
+                                      + 0.3 * batch["x"][:, 5]}
+  stage = dp._STAGE1[(config, "2parity")]
+  stage.group = dataclasses.replace(stage1, task=dataclasses.replace(stage1.task,
+                                                                     eval_step=planted_fn))
+  stage.run_dir = tmp_path
+  state2 = engine.init_state(stage2)  # Stage 2's init derives the graphs.
+
+  record = json.loads((tmp_path / dp.DISCOVERED_FILE).read_text())["tasks"]["2parity"]
+  assert record["truth"] == {"bits": [0, 1], "pairs": [[0, 1]]}
+  seed = record["seeds"]["0"]
+  assert seed["mask_layers"] == [[{"bits": [1, 3], "pairs": []},
+                                  {"bits": [1, 3], "pairs": [[1, 3]]}]]
+  assert seed["mask"] == {"bits": [1, 3], "pairs": [[1, 3]], "bit_precision": 0.5,
+                          "bit_recall": 0.5, "pair_precision": 0.0, "pair_recall": 0.0}
+  assert seed["fourier"] == {"bits": [0, 1, 5], "pairs": [[0, 1]],
+                             "bit_precision": pytest.approx(2 / 3), "bit_recall": 1.0,
+                             "pair_precision": 1.0, "pair_recall": 1.0}
+  for route, (n_bits, n_pairs) in (("mask", (2, 1)), ("fourier", (3, 1))):
+    control = seed[f"random_{route}"]
+    assert (len(control["bits"]), len(control["pairs"])) == (n_bits, n_pairs), control
+    assert {b for p in control["pairs"] for b in p} <= set(control["bits"])
+  expected = {"mask": ([0, 1], [[0, 1]]), "discovered_mask": ([1, 3], [[1, 3]]),
+              "discovered_fourier": ([0, 1, 5], [[0, 1]]),
+              "random_mask": (seed["random_mask"]["bits"], seed["random_mask"]["pairs"]),
+              "random_fourier": (seed["random_fourier"]["bits"],
+                                 seed["random_fourier"]["pairs"])}
+  for k, member in enumerate(stage2.members):
+    masks = discover_stages.mask_logits_LHNN(engine.unstack(state2.params, k))
+    want_NN = _open_pattern(*expected[member.scheme])
+    np.testing.assert_array_equal(masks > 0, np.broadcast_to(want_NN, masks.shape),
+                                  err_msg=member.scheme)
 
 
 def test_a_resume_derives_the_graphs_again_from_the_stage1_checkpoint(tiny_run):
@@ -163,12 +256,41 @@ def test_refusals_name_the_fix(tmp_path):
 
 
 def test_report_writes_a_table_per_task(tiny_run):
-  out, _ = tiny_run
+  """Each arm's row and each route's line hold the graph it trained with, its precision /
+  recall against 2Parity's true graph (bits {0, 1}, pair (0, 1)) computed here, and the
+  seen accuracy of the stage-1 model it was read from."""
+  out, summary = tiny_run
   written = dp.report(out)
-  text = (out / dp.REPORT_FILE).read_text()
+  lines = (out / dp.REPORT_FILE).read_text().splitlines()
   assert written[0] == str(out / dp.REPORT_FILE)
-  assert "## 2parity" in text and "| discovered_fourier |" in text
-  assert "- seed 0, route mask: bits" in text
+  assert "## 2parity" in lines and "True graph: bits [0, 1], 1 pairs." in lines
+  seed = json.loads((out / dp.DISCOVERED_FILE).read_text())["tasks"]["2parity"]["seeds"]["0"]
+  final = {m["scheme"]: m["metrics"] for m in summary["members"]}
+  cell = lambda x: "—" if x is None else f"{x:.2f}"
+
+  def scores(graph):
+    bits, pairs = set(graph["bits"]), {tuple(p) for p in graph["pairs"]}
+    bit_hits, pair_hits = len(bits & {0, 1}), len(pairs & {(0, 1)})
+    return [bit_hits / len(bits) if bits else None, bit_hits / 2,
+            pair_hits / len(pairs) if pairs else None, pair_hits / 1]
+
+  graphs = {"mask": {"bits": [0, 1], "pairs": [[0, 1]]}, "discovered_mask": seed["mask"],
+            "random_mask": seed["random_mask"], "discovered_fourier": seed["fourier"],
+            "random_fourier": seed["random_fourier"]}
+  for arm, graph in graphs.items():
+    unseen = 100 * final[arm]["accuracy_unseen"]
+    row = " | ".join([arm, f"{unseen:.2f} ± 0.00",
+                      *("—" if x is None else f"{x:.2f} ± 0.00" for x in scores(graph)),
+                      f"{unseen:.2f}"])
+    assert f"| {row} |" in lines, (row, lines)
+  for route, arm in (("mask", "learned"), ("fourier", "default")):
+    graph = seed[route]
+    names = ("bit precision", "bit recall", "pair precision", "pair recall")
+    line = (f"- seed 0, route {route}: bits {graph['bits']}, pairs "
+            f"{[tuple(p) for p in graph['pairs']]} ("
+            + "; ".join(f"{n} {cell(x)}" for n, x in zip(names, scores(graph)))
+            + f"; read from a model at {100 * final[arm]['accuracy_seen']:.2f}% seen accuracy)")
+    assert line in lines, (line, lines)
 
 
 def test_report_prints_the_fit_each_graph_was_read_from(tiny_run, tmp_path):
