@@ -614,7 +614,7 @@ def test_local_restarts_are_bounded(tmp_path, signum, status):
 # --- local.sh, for real ----------------------------------------------------------------------
 
 TOY = str(TESTS / "toy_experiment.py")
-SETS = ["--set", "steps=8", "--set", "seeds=1", "--set", "checkpoint_every=4"]
+SETS = ["--no-plots", "--set", "steps=8", "--set", "seeds=1", "--set", "checkpoint_every=4"]
 _CACHE = {"JAX_COMPILATION_CACHE_DIR": tempfile.mkdtemp(prefix="mpx-test-launch-"),
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}

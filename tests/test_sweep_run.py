@@ -180,7 +180,7 @@ def _run_preempted_then_resume(out, overrides=(), before_resume=lambda: None, va
   assert not (out / "summary.json").exists()
   before_resume()
   sets = [a for o in overrides for a in ("--set", o)]
-  assert cli.main(["run", TOY, "--no-plots", "--out", str(out), "--resume", *sets]) == 0
+  assert cli.main(["run", TOY, "--out", str(out), "--resume", *sets]) == 0
 
 
 def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
@@ -242,7 +242,7 @@ def test_sigkill_after_checkpoint_then_resume_is_exact(uninterrupted, tmp_path):
   proc.wait()
   assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
   assert not (out / "summary.json").exists()
-  assert cli.main(["run", TOY, "--out", str(out), "--resume"]) == 0
+  assert cli.main(["run", TOY, "--no-plots", "--out", str(out), "--resume"]) == 0
   _assert_same_run(uninterrupted, out)
 
 
