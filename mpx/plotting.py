@@ -191,8 +191,8 @@ def prior_figure(mask_logits, title: str = "", *, tokens: Sequence[str] | None =
                                 else ["shared by heads"])
   cols = min(len(heads), 3)
   rows = math.ceil(len(heads) / cols)
-  fig, axes = subplots(rows, cols, (4.2 * cols, 4.4 * rows), left=0.9, right=1.0, bottom=0.9, top=0.75,
-                       wspace=0.9, hspace=1.2)
+  fig, axes = subplots(rows, cols, (4.2 * cols, 4.4 * rows), left=0.9, right=1.0,
+                       bottom=0.9, top=0.75, wspace=0.9, hspace=1.2)
   low = min(float(bias.min()), -1e-3)
   for h, ax in enumerate(axes.flat):
     if h >= len(heads):
@@ -455,8 +455,8 @@ def overview_figure(summary, records, metric: str, colors: Mapping[str, str]):
   cols = 2 if any(curves.values()) else 1
   lines = 2 + max(len(keys) for keys in varying.values())  # Of a strip's tick labels.
   ticks = 0.2 + 0.17 * lines
-  fig, axes = subplots(len(tasks), cols, (6.4 * cols, 3.8 * len(tasks)), bottom=0.3 + ticks, top=0.7,
-                       wspace=0.9, hspace=0.6 + ticks)
+  fig, axes = subplots(len(tasks), cols, (6.4 * cols, 3.8 * len(tasks)),
+                       bottom=0.3 + ticks, top=0.7, wspace=0.9, hspace=0.6 + ticks)
   for row, task in zip(axes, tasks):
     _strip_panel(row[0], members, varying[task], task, metric, paper, colors)
     if cols == 2 and curves[task]:
