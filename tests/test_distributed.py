@@ -1,8 +1,8 @@
 """Many processes give the single-device sweep: two real processes on localhost joined by
-jax.distributed (CPU, gloo collectives, 2 devices each, 6 members on 4 devices) end where
-one process on one device ends; a SIGTERM only one process of a SLURM-detected job sees
-checkpoints both, and that checkpoint resumes in one process on one device. (8 devices in
-one process: tests/test_sweep_engine.py.)"""
+jax.distributed (CPU, gloo collectives), first a SLURM-detected job of 2 devices each (6
+members on 4 devices) that a SIGTERM only one process sees stops with a checkpoint on both,
+then that checkpoint resumed by 2 processes of 1 device each, end where one process on one
+device ends. (8 devices in one process: tests/test_sweep_engine.py.)"""
 
 import json
 import os
@@ -89,19 +89,6 @@ def single(tmp_path_factory):
   return _metrics(out)
 
 
-def test_two_processes_match_one(tmp_path, single):
-  two = tmp_path / "two"
-  outputs = _mpx_run(two, 2, processes=2)
-  assert "4 cpu device(s)" in outputs[0]          # One global mesh over both processes.
-  assert "summary" not in outputs[1].lower()      # Process 1 writes and prints nothing:
-  assert "device(s)" not in outputs[1] and "members)" not in outputs[1]  # no banner, progress.
-  # Other device counts regroup the vmapped members: float32 differences in the last bits.
-  _assert_same(_metrics(two), single, rtol=1e-5)
-  records = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]
-  assert sorted({r["step"] for r in records}) == [0, 48, 96]
-  assert len(records) == 3 * 6                    # Every member once per evaluation.
-
-
 def _slurm_job_id() -> int:
   """A job id whose coordinator port (JAX: 61440 + id mod 4096) is free here."""
   for job_id in range(4096):
@@ -114,11 +101,13 @@ def _slurm_job_id() -> int:
   raise RuntimeError("no free port in 61440..65535")
 
 
-def test_sigterm_to_one_process_of_a_slurm_job_then_resume_on_one_device(tmp_path, single):
-  """The SLURM route (JAX detects the cluster from the SLURM_* variables srun sets) and a
-  SIGTERM that only process 1 sees: both processes save the same step and exit 143 (no
-  deadlock in the collective save); `--resume` then continues that checkpoint of 8 rows
-  on 4 devices in ONE process on one device (6 rows) and ends where the single run does."""
+def test_sigterm_to_one_process_of_a_slurm_job_then_two_processes_resume(tmp_path, single):
+  """The SLURM route (JAX detects the cluster from the SLURM_* variables srun sets), 2
+  processes x 2 devices (6 members in 8 rows), and a SIGTERM that only process 1 sees: both
+  save the same step and exit 143 (no deadlock in the collective save). `--resume` then
+  continues that checkpoint on the MPX_* route in 2 processes x 1 device (6 rows): the run
+  ends where one process on one device ends, and process 1 never prints (no banner, no
+  progress, no summary)."""
   out = tmp_path / "run"
   job_id = _slurm_job_id()
   command = [sys.executable, "-m", "mpx.cli", "run", "boolean_gotu", "--preset", "tiny", "--no-plots",
@@ -129,19 +118,28 @@ def test_sigterm_to_one_process_of_a_slurm_job_then_resume_on_one_device(tmp_pat
                                      SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="2",
                                      SLURM_PROCID=str(i), SLURM_LOCALID="0"))
            for i in range(2)]
+  first = ""
   for line in procs[0].stdout:  # Process 0's first progress line: training has started.
+    first += line
     if re.search(r"\] \d+/96 ", line):
       break
   procs[1].send_signal(signal.SIGTERM)
   outputs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [143, 143], outputs
+  assert "4 cpu device(s)" in first                # One global mesh over both processes.
   assert "SIGTERM: saved group 2parity at step" in outputs[1]
+  assert "device(s)" not in outputs[1] and "members)" not in outputs[1]  # No banner, progress.
   steps = [int(d.name) for d in next((out / "checkpoints").iterdir()).iterdir()
            if d.name.isdigit()]
   assert max(steps) < 96, steps
-  _mpx_run(out, 1, "--resume")
+  resumed = _mpx_run(out, 1, "--resume", processes=2)
+  assert "2 cpu device(s)" in resumed[0] and "# boolean_gotu (preset tiny)" in resumed[0]
+  assert "# boolean_gotu" not in resumed[1]        # Process 1 writes and prints nothing:
+  assert "device(s)" not in resumed[1] and "members)" not in resumed[1]
   records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in records].count(96) == 6
+  assert sorted({r["step"] for r in records}) == [0, 48, 96]
+  assert len(records) == 3 * 6                      # Every member once per evaluation.
+  # Other device counts regroup the vmapped members: float32 differences in the last bits.
   _assert_same(_metrics(out), single, rtol=1e-5)
 
 

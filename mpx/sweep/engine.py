@@ -190,6 +190,12 @@ def stack(trees: Sequence[PyTree]) -> PyTree:
     raise ValueError("members have different param trees; init schemes must write values "
                      "into the same structure (a scheme without a prior keeps a neutral "
                      "mask_logits leaf).")
+  return _stack(*trees)
+
+
+@jax.jit
+def _stack(*trees: PyTree) -> PyTree:
+  # One compile for the whole tree (eager, each leaf's stack compiles on its own).
   return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *trees)
 
 
@@ -211,24 +217,36 @@ def init_state(group: Group, rows: Sequence[int] | None = None) -> SweepState:
   indices = range(len(group.members)) if rows is None else [int(i) for i in rows]
   members = [group.members[i] for i in indices]
   inits = {i: group.task.init(group.members[i]) for i in dict.fromkeys(indices)}
-  params = stack([inits[i] for i in indices])
   hparams = optim.stack_hparams([m.hparams for m in members])
-  opt_state = jax.vmap(lambda p, h: optim.make_optimizer(group.optim, h).init(p))(
-      params, hparams)
   keys = member_keys(members)
-  k = len(members)
-  initial = jax.tree_util.tree_map(jnp.copy, params) if group.probe is not None else None
-  return SweepState(params, opt_state, keys, jnp.ones((k,), bool),
-                    jnp.full((k,), -1, jnp.int32), jnp.zeros((), jnp.int32),
-                    _initial_orders(group.data, keys), initial)
+  epoch_size = (group.data.num_examples if isinstance(group.data, DeviceData)
+                and group.data.sampling == "epoch" else None)
+  state = _initial_state(group.optim, epoch_size)([inits[i] for i in indices], hparams, keys)
+  if group.probe is not None:
+    state = state._replace(initial=_copy(state.params))
+  return state
 
 
-def _initial_orders(data, raw_keys_K2) -> jax.Array | None:
-  """Epoch 0's order per member (`[K, P]`); None unless the data is epoch-sampled (Orbax
-  cannot store an empty array)."""
-  if isinstance(data, DeviceData) and data.sampling == "epoch":
-    return _epoch_orders(raw_keys_K2, 0, data.num_examples)
-  return None
+@functools.lru_cache(maxsize=64)
+def _initial_state(optim_config, epoch_size: int | None) -> Callable:
+  """`(member params, hparams, keys) → SweepState` at step 0, in one compiled program
+  (eager, every leaf's stack and optimizer zeros compile on their own). Epoch 0's order
+  per member (`[K, P]`) comes only with epoch sampling (Orbax cannot store an empty
+  array)."""
+  def initial_state(trees, hparams, keys):
+    params = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *trees)
+    opt_state = jax.vmap(lambda p, h: optim.make_optimizer(optim_config, h).init(p))(
+        params, hparams)
+    k = len(trees)
+    orders = None if epoch_size is None else _epoch_orders(keys, 0, epoch_size)
+    return SweepState(params, opt_state, keys, jnp.ones((k,), bool),
+                      jnp.full((k,), -1, jnp.int32), jnp.zeros((), jnp.int32), orders, None)
+  return jax.jit(initial_state)
+
+
+@jax.jit
+def _copy(tree: PyTree) -> PyTree:
+  return jax.tree_util.tree_map(jnp.copy, tree)
 
 
 def _epoch_orders(raw_keys_K2, epoch, num_examples: int) -> jax.Array:
@@ -431,8 +449,16 @@ def member_rows(num_members: int, mesh: Mesh | None) -> np.ndarray:
 def take_rows(tree: PyTree, rows: np.ndarray) -> PyTree:
   """The member rows `rows` of every leaf with a member axis (scalars such as `step`
   are kept)."""
-  return jax.tree_util.tree_map(lambda x: x if jnp.ndim(x) == 0 else x[np.asarray(rows)],
-                                tree)
+  rows = np.asarray(rows)
+  if all(isinstance(x, (np.ndarray, np.generic)) for x in jax.tree_util.tree_leaves(tree)):
+    return jax.tree_util.tree_map(lambda x: x if x.ndim == 0 else x[rows], tree)  # Host.
+  return _take_rows(tree, rows)
+
+
+@jax.jit
+def _take_rows(tree: PyTree, rows: jax.Array) -> PyTree:
+  # One compile for the whole tree (eager, each leaf's gather compiles on its own).
+  return jax.tree_util.tree_map(lambda x: x if jnp.ndim(x) == 0 else x[rows], tree)
 
 
 def to_global(tree: PyTree, mesh: Mesh | None, size: int) -> PyTree:
