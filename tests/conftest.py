@@ -12,3 +12,17 @@ TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
 
 pytest_plugins = ("gcs_emulator",)  # The `bucket` fixture: a GCS emulator, gs://mpx-test.
+
+
+# The files that take longest (their seconds in a whole run's --durations), first: with
+# `-n auto --dist loadfile` each worker takes the next file when it is free, so the long
+# ones must not come last and leave one worker running alone.
+LONGEST_FIRST = ("test_sweep_engine.py", "test_sweep_run.py", "test_discover_prior.py",
+                 "test_resume_auto.py", "test_scheme_realisation.py", "test_language.py",
+                 "test_vision.py", "test_discover_arithmetic.py", "test_drop_in.py",
+                 "test_vit_schemes.py", "test_select.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable: file order kept.

@@ -191,6 +191,7 @@ def _eta_content(stages):
   assert f"({members} members × {steps} steps; expected " in trained, trained
 
 
+@pytest.mark.slow
 def test_tiny_run_reports_every_stage(tiny_run):
   """Every stage ran, and what it reports holds together: the numbers each stage
   derives agree with the measurements it derives them from and with this machine."""
@@ -208,6 +209,7 @@ def test_tiny_run_reports_every_stage(tiny_run):
   _eta_content(stages)
 
 
+@pytest.mark.slow
 def test_tiny_run_measures_the_sweep(tiny_run):
   report, _, _ = tiny_run
   stage = report["stages"]["sweep"]
@@ -222,6 +224,7 @@ def test_tiny_run_measures_the_sweep(tiny_run):
   assert stage["facts"]["most members that fit (tiny)"].startswith("2 (")
 
 
+@pytest.mark.slow
 def test_tiny_run_probes_pass_and_lists_refusals(tiny_run):
   report, _, _ = tiny_run
   stage = report["stages"]["cudnn"]
@@ -233,6 +236,7 @@ def test_tiny_run_probes_pass_and_lists_refusals(tiny_run):
   assert any("only on an NVIDIA GPU" in n for n in refused)
 
 
+@pytest.mark.slow
 def test_tiny_run_measures_the_models_and_the_eta(tiny_run):
   report, _, _ = tiny_run
   rows = report["stages"]["models"]["rows"]

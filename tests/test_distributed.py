@@ -101,6 +101,7 @@ def _slurm_job_id() -> int:
   raise RuntimeError("no free port in 61440..65535")
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_of_a_slurm_job_then_two_processes_resume(tmp_path, single):
   """The SLURM route (JAX detects the cluster from the SLURM_* variables srun sets), 2
   processes x 2 devices (6 members in 8 rows), and a SIGTERM that only process 1 sees: both

@@ -214,6 +214,7 @@ CHECKS = {"README.md": _check_readme, "docs/boolean.md": _check_boolean,
           "docs/nnx.md": _check_nnx}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)])
 def test_every_python_block_runs_as_written(page, tmp_path, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)

@@ -27,6 +27,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow  # Real processes killed and restarted: the slow lane.
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch"
 TESTS = ROOT / "tests"

@@ -196,6 +196,7 @@ print(json.dumps({{"leaves": first(state.params, 3), "streamed": first(streamed.
 _DEVICE_COUNT_ATOL = 2e-5
 
 
+@pytest.mark.slow  # A process of 8 devices.
 def test_multi_device_sweep_matches_single_device():
   tests = str(pathlib.Path(__file__).parent)
   env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "  # conftest's
