@@ -29,7 +29,9 @@ call `save` itself: a signal arriving during a save would otherwise start a seco
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from typing import Any
 
@@ -69,7 +71,26 @@ def _manager(directory: str, *, read_only: bool, max_to_keep: int | None = None
       enable_async_checkpointing=False,
       **({"save_interval_steps": 0} if read_only else {}),  # what read_only implies anyway
       **_retention(max_to_keep))
-  return ocp.CheckpointManager(directory, options=options, item_handlers=_item_handlers())
+  with _without_read_only_notice() if read_only else contextlib.nullcontext():
+    return ocp.CheckpointManager(directory, options=options, item_handlers=_item_handlers())
+
+
+class _ReadOnlyNotice(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Given directory is read only")
+
+
+@contextlib.contextmanager
+def _without_read_only_notice():
+  """Orbax warns "Given directory is read only" for every read-only manager: mpx reads a
+  run's checkpoints read-only on purpose (each resume, each check of a folder), so the
+  warning says nothing to act on. Only that record is dropped, only meanwhile."""
+  notice, absl_logger = _ReadOnlyNotice(), logging.getLogger("absl")
+  absl_logger.addFilter(notice)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(notice)
 
 
 def _path_names(path) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
 """mpx.checkpoint: bit-identical round trips, retention, loud mismatches, crash safety."""
 
+import logging
 import os
 import pathlib
 import signal
@@ -110,6 +111,17 @@ def test_steps_retention_and_config(tmp_path):
     for step in (400, 500, 600):
       ckpt.save(step, make_state(), CONFIG)
     assert ckpt.all_steps() == [200, 300, 400, 500, 600]
+
+
+def test_reading_a_run_folder_logs_no_orbax_notice(tmp_path, caplog):
+  """Every resume reads the checkpoints read-only; Orbax's "Given directory is read only"
+  warning said nothing the user had to act on."""
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    ckpt.save(1, make_state(1), CONFIG)
+  with caplog.at_level(logging.INFO):
+    assert checkpoint.latest_step(tmp_path) == 1
+    assert checkpoint.restore_config(tmp_path) == CONFIG
+  assert not [r for r in caplog.records if "read only" in r.getMessage()], caplog.text
 
 
 def test_mismatched_target_names_the_leaf(tmp_path):

@@ -63,7 +63,8 @@ def test_run_writes_outputs(uninterrupted, capsys):
 def test_rerun_into_same_dir_without_resume_is_an_error(uninterrupted, capsys):
   with pytest.raises(SystemExit):
     cli.main(["run", TOY, "--no-plots", "--out", str(uninterrupted)])
-  assert "--resume" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "pass --resume" in err and "differs" not in err  # The same config: it continues.
 
 
 def _files(run_dir):
@@ -80,7 +81,8 @@ def test_refused_fresh_run_leaves_the_run_folder_unchanged(uninterrupted, tmp_pa
   assert exit_info.value.code == run.REFUSED_EXIT_CODE == 3
   assert _files(out) == before                       # config.json and metrics included.
   err = capsys.readouterr().err
-  assert "already holds checkpoints" in err and "--resume" in err and "another --out" in err
+  assert "already holds checkpoints" in err and "another --out" in err
+  assert "differs in ['learning_rate']" in err     # What makes --resume refuse it too.
   assert len(err.strip().splitlines()) == 1
   # The kept config still guards the run: resuming it with the new settings is refused.
   with pytest.raises(SystemExit):

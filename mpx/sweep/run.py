@@ -342,13 +342,23 @@ def _has_progress(run_dir: epath.Path, checkpoints: epath.Path) -> str | None:
   return "metrics" if _trained_records(run_dir) else None
 
 
-def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path) -> None:
+def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path, saved: dict) -> None:
   """A fresh run must not mix with (or overwrite the config of) an earlier one that
-  trained; what a failed start left is replaced (so its corrected re-run needs no rm)."""
+  trained; what a failed start left is replaced (so its corrected re-run needs no rm).
+  Where the earlier run's config differs, --resume would be refused too: the message
+  names the keys and points to another --out."""
   held = _has_progress(run_dir, checkpoints)
-  if held:
-    raise _RefusedFresh(f"{run_dir} already holds {held} of an earlier run; pass --resume "
-                        "(or --resume=auto) to continue it, or choose another --out.")
+  if not held:
+    return
+  path = run_dir / "config.json"
+  differences = _config_differences(_read_config(path, "--out"), saved) if path.exists() else []
+  if differences:
+    raise _RefusedFresh(f"{run_dir} already holds {held} of an earlier run whose config "
+                        f"differs in {differences}, so --resume cannot continue it with "
+                        "this one: choose another --out for this config, or drop the "
+                        "changes and pass --resume to continue that run.")
+  raise _RefusedFresh(f"{run_dir} already holds {held} of an earlier run; pass --resume "
+                      "(or --resume=auto) to continue it, or choose another --out.")
 
 
 def completed_steps(root: epath.Path) -> dict[str, int]:
@@ -537,7 +547,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     completed = completed_steps(checkpoints)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:
-    _check_fresh(root, checkpoints)
+    _check_fresh(root, checkpoints, saved_config)
     keep = lambda r: False  # What a failed start wrote (its step-0 evaluation) goes.
   if primary:
     run_folder.pull(out, run_dir)
