@@ -234,7 +234,7 @@ def _initial_state(optim_config, epoch_size: int | None) -> Callable:
   per member (`[K, P]`) comes only with epoch sampling (Orbax cannot store an empty
   array)."""
   def initial_state(trees, hparams, keys):
-    params = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *trees)
+    params = _stack(*trees)
     opt_state = jax.vmap(lambda p, h: optim.make_optimizer(optim_config, h).init(p))(
         params, hparams)
     k = len(trees)
