@@ -51,12 +51,17 @@ def _linen_train(model, params, steps):
   x, y = _data()
   tx = _tx()
   loss_fn = lambda p: jnp.mean((model.apply({"params": p}, x) - y) ** 2)
+
+  @jax.jit
+  def step(params, opt_state):
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
   opt_state = tx.init(params)
   losses = []
   for _ in range(steps):
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+    params, opt_state, loss = step(params, opt_state)
     losses.append(float(loss))
   return params, losses
 
@@ -95,12 +100,14 @@ class NnxModel(nnx.Module):
 def _nnx_train(model, steps):
   x, y = _data()
   optimizer = nnx.Optimizer(model, _tx(), wrt=nnx.Param)
-  losses = []
-  for _ in range(steps):
+
+  @nnx.jit
+  def step(model, optimizer):
     loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
     optimizer.update(model, grads)
-    losses.append(float(loss))
-  return losses
+    return loss
+
+  return [float(step(model, optimizer)) for _ in range(steps)]
 
 
 def _load(model, restored):
