@@ -19,8 +19,8 @@ pytest_plugins = ("gcs_emulator",)  # The `bucket` fixture: a GCS emulator, gs:/
 # ones must not come last and leave one worker running alone.
 LONGEST_FIRST = ("test_sweep_engine.py", "test_sweep_run.py", "test_discover_prior.py",
                  "test_resume_auto.py", "test_scheme_realisation.py", "test_language.py",
-                 "test_vision.py", "test_discover_arithmetic.py", "test_drop_in.py",
-                 "test_vit_schemes.py", "test_select.py")
+                 "test_vision.py", "test_discover_arithmetic.py", "test_vit_schemes.py",
+                 "test_select.py")
 
 
 def pytest_collection_modifyitems(items):

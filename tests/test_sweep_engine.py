@@ -46,6 +46,15 @@ def test_training_moves_params_and_frozen_mask_stays():
   assert int(end.step) == g.steps
 
 
+def test_members_with_different_param_trees_are_named():
+  def init(m):
+    params = fx.init_params(m)
+    return params if m.seed == 0 else {**params, "extra": jnp.zeros(1)}
+  g = fx.group([fx.member(0), fx.member(1)], task=dataclasses.replace(fx.TASK, init=init))
+  with pytest.raises(ValueError, match="members have different param trees"):
+    engine.init_state(g)
+
+
 def test_diverging_member_is_frozen_and_isolated():
   healthy = [fx.member(0), fx.member(1), fx.member(2)]
   with_bad = healthy[:1] + [fx.member(1, lr=1e30)] + healthy[2:]

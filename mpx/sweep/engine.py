@@ -185,12 +185,16 @@ def merge_groups(groups: Sequence[Group]) -> Group:
 
 def stack(trees: Sequence[PyTree]) -> PyTree:
   """Member trees → one tree with a leading member axis (structures must match)."""
+  _check_same_structure(trees)
+  return _stack(*trees)
+
+
+def _check_same_structure(trees: Sequence[PyTree]) -> None:
   structures = {jax.tree_util.tree_structure(t) for t in trees}
   if len(structures) != 1:
     raise ValueError("members have different param trees; init schemes must write values "
                      "into the same structure (a scheme without a prior keeps a neutral "
                      "mask_logits leaf).")
-  return _stack(*trees)
 
 
 @jax.jit
@@ -221,7 +225,9 @@ def init_state(group: Group, rows: Sequence[int] | None = None) -> SweepState:
   keys = member_keys(members)
   epoch_size = (group.data.num_examples if isinstance(group.data, DeviceData)
                 and group.data.sampling == "epoch" else None)
-  state = _initial_state(group.optim, epoch_size)([inits[i] for i in indices], hparams, keys)
+  trees = [inits[i] for i in indices]
+  _check_same_structure(trees)
+  state = _initial_state(group.optim, epoch_size)(trees, hparams, keys)
   if group.probe is not None:
     state = state._replace(initial=_copy(state.params))
   return state
