@@ -92,6 +92,8 @@ optional:
   MPX_LOG_SYNC      (run) seconds between the copies of the workers' logs to MPX_OUT/logs
                     (default 60)
   MPX_FETCH_DIR     (fetch) local directory to copy the run into (default: runs)
+  MPX_BUILD_DIR     (install, run) local directory for the files copied to the workers
+                    (default: build/tpu_pod in this checkout); one per concurrent install
   TFDS_DATA_DIR     (run) passed on to every worker; a dataset in MPX_OUT's bucket is under
                     its mount, e.g. TFDS_DATA_DIR=/mnt/gcs/my-bucket/tensorflow_datasets
                     (TFDS without TensorFlow cannot open gs:// itself)
@@ -263,7 +265,7 @@ say() {  # a line for the user (stderr; the dry run's stdout holds only commands
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 helper_copied=0  # launch/tpu_worker.sh, as ~/mpx-worker.sh on every worker
-build=$repo/build/tpu_pod
+build=${MPX_BUILD_DIR:-$repo/build/tpu_pod}  # what install copies to the workers
 location=(--zone="${ZONE:-}" --project="${PROJECT:-}")
 tpu_vm=(gcloud compute tpus tpu-vm)
 queued_resources=(gcloud compute tpus queued-resources)

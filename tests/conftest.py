@@ -26,3 +26,17 @@ LONGEST_FIRST = ("test_sweep_engine.py", "test_sweep_run.py", "test_discover_pri
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable: file order kept.
+
+
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto`: one worker per core this process may run on.
+
+  xdist counts the machine's cores (psutil), so a run pinned to one core (CI's two Python
+  lines, `taskset`, a cgroup's cpuset) started two workers on it, whose XLA thread pools
+  then spun against each other: ≈ 2× the CPU time measured. PYTEST_XDIST_AUTO_NUM_WORKERS
+  still overrides this.
+  """
+  del config
+  if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or not hasattr(os, "sched_getaffinity"):
+    return None  # xdist's own count.
+  return len(os.sched_getaffinity(0))

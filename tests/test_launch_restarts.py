@@ -380,7 +380,9 @@ def pod(tmp_path):
   (root / "target").write_text("25")
   (root / "config.json").write_text(json.dumps({"workers": 2}))
   env = _env(tmp_path, bin_dir, STANDIN=str(root), MPX_PYTHON=sys.executable,
-             MPX_LOG_SYNC="1", MPX_FETCH_DIR=str(tmp_path / "fetched"), **TPU_VARS)
+             MPX_LOG_SYNC="1", MPX_FETCH_DIR=str(tmp_path / "fetched"),
+             # Its own build folder: CI's two Python lines run this file at once in one checkout.
+             MPX_BUILD_DIR=str(tmp_path / "build"), **TPU_VARS)
 
   def run(*args, timeout=240, env_extra=None, **config):
     if config:
