@@ -178,11 +178,9 @@ def _group(config: Config, task: str, members: list[engine.Member]) -> engine.Gr
 def _default_init(config: Config, task: str):
   """boolean_gotu's `default` init (the model's own, neutral frozen mask), which needs no
   support: member → params."""
-  model, n_bits = gotu.make_model(config), boolean.get_task(task).n_bits
-  tokens = boolean.tokens(jnp.ones((1, n_bits)))
-  neutral = priors.neutral(n_bits + 1)
-  return lambda member: schemes.set_masks(
-      model.init(jax.random.key(member.seed), tokens)["params"], neutral)
+  n_bits = boolean.get_task(task).n_bits
+  model_init, neutral = gotu.make_model_init(config, n_bits), priors.neutral(n_bits + 1)
+  return lambda member: schemes.set_masks(model_init(jax.random.key(member.seed)), neutral)
 
 
 def _stage1_group(config: Config, task: str) -> engine.Group:

@@ -5,6 +5,8 @@ Recorded on the engine before the Task / DeviceData reshape (commit 382fb94) and
 reproduced to the last bit after it: a change in init, batching, loss or optimizer
 moves them. The tolerance allows other XLA versions' float reassociation only."""
 
+import dataclasses
+
 import chex
 import numpy as np
 import pytest
@@ -50,3 +52,11 @@ def test_the_jitted_boolean_init_is_the_eager_init():
   eager = boolean_gotu.make_model(config).init(jax.random.key(member.seed),
                                                boolean.tokens(jnp.ones((1, 15))))["params"]
   chex.assert_trees_all_equal(params, eager)
+  # One compiled init per model, shared by every group that builds it (the discovery
+  # stages' too), and never another model's: a wider config gets wider params.
+  assert boolean_gotu.make_model_init(config, 15) is boolean_gotu.make_model_init(config, 15)
+  wide = boolean_gotu.make_model_init(dataclasses.replace(config, width=2 * config.width), 15)
+  chex.assert_trees_all_equal_shapes(
+      wide(jax.random.key(0)), boolean_gotu.make_model(dataclasses.replace(
+          config, width=2 * config.width)).init(jax.random.key(0), boolean.tokens(
+              jnp.ones((1, 15))))["params"])

@@ -10,6 +10,7 @@ prior is the clique over its `support`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -355,21 +356,33 @@ def training_split(spec: boolean.BooleanTask, seed: int, held_out: np.ndarray | 
   return x[pool], y[pool]
 
 
+def make_model_init(config: Config, n_bits: int):
+  """key → the model's params on n_bits inputs (its own init: a neutral, frozen mask).
+
+  One compile for every member of every group of one model (eager, `model.init`
+  dispatches each op on its own); bit for bit the eager values.
+  """
+  return _model_init(make_model(config), n_bits)
+
+
+@functools.lru_cache(maxsize=None)
+def _model_init(model: TokenTransformer, n_bits: int):
+  tokens = boolean.tokens(jnp.ones((1, n_bits)))
+  return jax.jit(lambda key: model.init(key, tokens)["params"])
+
+
 def make_task(config: Config, task_name: str) -> engine.Task:
   """The member-level Task: init by scheme (mask designs per layer, QK schemes from the
   task's prior), squared loss on the CLS output, the whole cube as evaluation set."""
   spec = boolean.get_task(task_name)
   model = make_model(config)
-  tokens = boolean.tokens(jnp.ones((1, spec.n_bits)))
   masked = range(config.depth) if config.mask_layers is None else config.mask_layers
   mdi = boolean_fourier.mdi_values(spec)
   unseen = ~spec.seen(boolean.cube(spec.n_bits))
   monomials = boolean_fourier.task_monomials(spec)
   held_out = validation_points(spec) if config.select is not None else None
   target = boolean.make_splits(spec, 0)["test"][1]
-  # One compile for every member (eager, `model.init` dispatches each op on its own);
-  # bit for bit the eager values.
-  model_init = jax.jit(lambda key: model.init(key, tokens)["params"])
+  model_init = make_model_init(config, spec.n_bits)
 
   def init(member: engine.Member):
     key = jax.random.key(member.seed)
