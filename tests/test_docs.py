@@ -13,6 +13,8 @@ import json
 import pathlib
 import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -62,6 +64,11 @@ def _check_readme(namespace, cwd, printed):
   assert sorted(variables) == ["key", "mask_logits", "out", "query", "value"]
   np.testing.assert_array_equal(variables["mask_logits"], namespace["prior"])
   assert namespace["y"].shape == (2, 17, 32)
+  # The optimizer line keeps the prior out of weight decay: with zero gradients AdamW's
+  # update is the decay alone, which moves the kernels but not the mask.
+  zeros = jax.tree.map(jnp.zeros_like, variables)
+  updates, _ = namespace["tx"].update(zeros, namespace["opt_state"], variables)
+  assert not np.any(updates["mask_logits"]) and np.any(updates["query"]["kernel"])
   mse = [m["mse"] for m in namespace["metrics"]]
   assert len(mse) == 8
   assert max(mse[4:]) < 1e-3 < min(mse[:4])
