@@ -212,7 +212,8 @@ RUN_EXIT_CODES = """\
 exit status:
   0    done: the summary is written (a finished run given again only rewrites it)
   1    failed: an unexpected error (traceback above)
-  2    error: a bad command line, or a config refused when built or traced (one line)
+  2    error: a bad command line, a config refused when built or traced, or an optional
+       dependency missing (one line naming its install); nothing was written
   3    refused: the run directory holds another run (another config, or progress a fresh
        start would overwrite), or --resume found nothing to continue; nothing was written
   143  preempted: SIGTERM, the state is checkpointed; run the same command again
@@ -280,6 +281,22 @@ def make_parser() -> argparse.ArgumentParser:
   return parser
 
 
+# Optional dependencies → the extra of setup.cfg that installs them.
+EXTRAS = {"tensorflow_datasets": "vision", "grain": "vision", "sklearn": "vision",
+          "tokenizers": "text", "gcsfs": "gcs", "tensorboardX": "tensorboard", "torch": "bench"}
+
+
+def _missing_dependency(e: ImportError) -> str | None:
+  """One line naming the install for an optional dependency that is missing; None for
+  any other ImportError (a bug in mpx keeps its traceback)."""
+  name = (e.name or "").partition(".")[0]
+  if "pip install" in str(e):  # mpx's own message names the install already.
+    return str(e)
+  if name in EXTRAS:
+    return f"{name} is not installed: pip install 'mpx[{EXTRAS[name]}]'"
+  return None
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = make_parser()
   args = parser.parse_args(argv)
@@ -292,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
       distributed.initialize()  # Before any other JAX call.
   try:
     return args.func(args)
+  except ImportError as e:
+    line = _missing_dependency(e)
+    if line is None:
+      raise
+    parser.exit(2, f"mpx {args.command}: error: {line}\n")
   except (ValueError, FileNotFoundError, FileExistsError) as e:
     if args.command == "run":
       from mpx.sweep import run as run_lib  # Imported already: it raised the error.

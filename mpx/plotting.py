@@ -585,6 +585,7 @@ def plot_run(run_dir) -> list[str]:
   and the degree profile over training, when the run recorded them. All figures share
   one `scheme_colors`."""
   run_dir = pathlib.Path(run_dir)
+  _pyplot()  # A missing matplotlib fails here, before anything is written.
   records = report.read_metrics(run_dir)
   if not records:
     raise ValueError(f"{run_dir}/metrics.jsonl has no records; nothing to plot.")

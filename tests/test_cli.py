@@ -185,3 +185,38 @@ def test_a_bad_shared_value_names_its_config_key_in_every_family(experiment, set
   assert exit_info.value.code == 2
   assert named in capsys.readouterr().err
   assert not out.exists()
+
+
+@pytest.mark.parametrize("blocked, command, install", [
+    (("sklearn",), ["run", "vision", "--preset", "tiny"], "pip install 'mpx[vision]'"),
+    (("tokenizers",), ["run", "language", "--preset", "tiny", "--set", "tokenizer=bpe",
+                       "--set", "vocab_size=300"],
+     "pip install 'mpx[text]'"),
+    (("matplotlib", "matplotlib.pyplot"), ["plot"], "pip install matplotlib")])
+def test_a_missing_extra_is_one_line_naming_its_install(blocked, command, install, tmp_path,
+                                                        monkeypatch, capsys):
+  """Exit 2, one line, nothing written: the same for every family and for `mpx plot`."""
+  for module in blocked:  # `import module` now raises ModuleNotFoundError.
+    monkeypatch.setitem(sys.modules, module, None)
+  out = tmp_path / "run"
+  if command == ["plot"]:  # A finished run to draw: the toy experiment's, without figures.
+    assert cli.main(["run", TOY, "--out", str(out), "--no-plots"]) == 0
+    capsys.readouterr()
+    command = ["plot", str(out)]
+  else:
+    command = [*command, "--out", str(out)]
+  before = sorted(out.rglob("*")) if out.exists() else None
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(command)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and install in err, err
+  assert (sorted(out.rglob("*")) if out.exists() else None) == before
+
+
+def test_an_import_error_of_mpx_itself_keeps_its_traceback(monkeypatch):
+  def broken(args):
+    raise ImportError("cannot import name 'x' from 'mpx.priors'", name="mpx.priors")
+  monkeypatch.setattr(cli, "_plot_command", broken)
+  with pytest.raises(ImportError, match="cannot import name"):
+    cli.main(["plot", "somewhere"])
