@@ -101,7 +101,12 @@ def _run_command(args) -> int:
     again = ("the same command" if args.resume == RESUME_AUTO
              else "the same command and --resume (or --resume=auto)")
     print(f"mpx run: {e} Continue with {again}.", file=sys.stderr)
-    return run_lib.PREEMPTED_EXIT_CODE
+    return e.exit_code
+  except KeyboardInterrupt:  # A second Ctrl-C: stopped without saving.
+    print("mpx run: stopped by a second Ctrl-C; the steps since the last checkpoint are "
+          "lost. Continue from it with the same command and --resume (or --resume=auto).",
+          file=sys.stderr)
+    return run_lib.INTERRUPTED_EXIT_CODE
   from mpx.sweep import distributed
   if not distributed.is_primary():  # Process 0 writes the run's files.
     return 0
@@ -216,6 +221,8 @@ exit status:
        dependency missing (one line naming its install); nothing was written
   3    refused: the run directory holds another run (another config, or progress a fresh
        start would overwrite), or --resume found nothing to continue; nothing was written
+  130  interrupted: Ctrl-C, the state is checkpointed as for SIGTERM (a second Ctrl-C
+       stops at once, without saving); run the same command again
   143  preempted: SIGTERM, the state is checkpointed; run the same command again
        (SIGKILL shows as 137: the same command continues from the last checkpoint)"""
 

@@ -150,10 +150,9 @@ def test_resume_checks_the_config_stored_with_the_checkpoints(uninterrupted, tmp
   assert _files(out) == before
 
 
-def _run_preempted_then_resume(out, overrides=(), before_resume=lambda: None, values=1):
-  """Runs the toy with a SIGTERM at the first evaluation after the init's, checks the
-  checkpoint it left, calls `before_resume()`, then resumes it from the command line.
-  `values`: how many values of a traced list the overrides give (members per group ×)."""
+def _signalled_toy(signals=(signal.SIGTERM,), values=1):
+  """The toy experiment, sending itself `signals` at the first evaluation after the
+  init's. `values`: how many values of a traced list the overrides give (members ×)."""
   calls = []
   experiment = config_lib.load_experiment(TOY)
   original = experiment.build_groups
@@ -163,17 +162,25 @@ def _run_preempted_then_resume(out, overrides=(), before_resume=lambda: None, va
     task = groups[0].task
     size = len(groups[0].members) * values
 
-    def summarize_then_sigterm(values, member):
+    def summarize_then_signal(values, member):
       calls.append(True)
       if len(calls) == size + 1:
-        os.kill(os.getpid(), signal.SIGTERM)
+        for signum in signals:
+          os.kill(os.getpid(), signum)
       return task.summarize(values, member)
 
     groups[0] = dataclasses.replace(
-        groups[0], task=dataclasses.replace(task, summarize=summarize_then_sigterm))
+        groups[0], task=dataclasses.replace(task, summarize=summarize_then_signal))
     return groups
 
   experiment.build_groups = build_groups_with_preemption
+  return experiment
+
+
+def _run_preempted_then_resume(out, overrides=(), before_resume=lambda: None, values=1):
+  """Runs the toy with a SIGTERM at the first evaluation after the init's, checks the
+  checkpoint it left, calls `before_resume()`, then resumes it from the command line."""
+  experiment = _signalled_toy(values=values)
   with pytest.raises(run.Preempted):
     run.run_experiment(experiment, out_dir=str(out), overrides=overrides)
   out = epath.Path(out)
@@ -189,6 +196,29 @@ def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
   out = tmp_path / "sigterm"
   _run_preempted_then_resume(out)
   _assert_same_run(uninterrupted, out)
+
+
+def test_ctrl_c_saves_like_sigterm_in_one_line_and_a_second_stops_at_once(
+    uninterrupted, tmp_path, monkeypatch, capsys):
+  """Ctrl-C (SIGINT) checkpoints at the end of the chunk, says so in one line and exits
+  130; the same command with --resume ends equal to the uninterrupted run. Two Ctrl-C
+  stop at once, in one line, exit 130, with nothing saved past the last checkpoint."""
+  from mpx.sweep import config as config_module
+  sets = ["--set", "checkpoint_every=8"]  # Step 4 (the signals' step) is saved for Ctrl-C only.
+  for signals, saved in (((signal.SIGINT,), 4), ((signal.SIGINT, signal.SIGINT), None)):
+    out = tmp_path / f"sigint{len(signals)}"
+    experiment = _signalled_toy(signals)
+    monkeypatch.setattr(config_module, "load_experiment", lambda name, e=experiment: e)
+    assert cli.main(["run", TOY, "--no-plots", "--out", str(out), *sets]) == 130
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mpx run:")]
+    assert len(err) == 1 and "Ctrl-C" in err[0], err
+    with checkpoint.Checkpointer(epath.Path(out) / "checkpoints" / "toy_a") as ckpt:
+      assert ckpt.latest_step() == saved
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Restored.
+  monkeypatch.undo()
+  assert cli.main(["run", TOY, "--no-plots", "--out", str(tmp_path / "sigint1"), *sets,
+                   "--resume"]) == 0
+  _assert_same_run(uninterrupted, tmp_path / "sigint1")
 
 
 def test_gs_run_resumed_elsewhere_equals_the_local_run(uninterrupted, bucket):

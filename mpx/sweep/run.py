@@ -39,12 +39,14 @@ from mpx.sweep import select as select_lib
 # (a bad command line, or a config refused when it is built or traced: a one-line message);
 # 3 refused (the run folder holds another run, or --resume found nothing to continue:
 # nothing was written); 143 preempted (SIGTERM: the state is checkpointed, run the same
-# command again). A process killed by SIGKILL shows 137 in a shell; it too continues from
-# its last checkpoint with the same command.
+# command again); 130 interrupted (Ctrl-C, saved as for SIGTERM; a second Ctrl-C stops at
+# once). A process killed by SIGKILL shows 137 in a shell; it too continues from its last
+# checkpoint with the same command.
 FAILED_EXIT_CODE = 1
 ERROR_EXIT_CODE = 2
 REFUSED_EXIT_CODE = 3
 PREEMPTED_EXIT_CODE = 143
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports Ctrl-C.
 RESUME_AUTO = "auto"  # `--resume=auto`: start, or continue the same run.
 
 
@@ -72,7 +74,11 @@ class _NullStream:
 
 
 class Preempted(Exception):
-  """Raised after a SIGTERM once the state is safely checkpointed."""
+  """Raised after a SIGTERM or a Ctrl-C once the state is safely checkpointed."""
+
+  def __init__(self, message: str, exit_code: int = PREEMPTED_EXIT_CODE):
+    super().__init__(message)
+    self.exit_code = exit_code
 
 
 class Refused(ValueError):
@@ -89,23 +95,36 @@ class _NothingToResume(Refused, FileNotFoundError):
   """`--resume` into a folder without a run."""
 
 
-class _SigtermFlag:
-  """Turns SIGTERM into a flag checked between chunks (a chunk is never cut in half)."""
+class _StopFlag:
+  """Turns SIGTERM and a first Ctrl-C (SIGINT) into a flag checked between chunks (a chunk
+  is never cut in half, the state is saved); a second Ctrl-C stops at once."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.raised = False
-    self._previous = None
+    self.signum = None  # The first signal's.
+    self._previous = {}
 
   def __enter__(self):
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
     return self
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self.raised = True
+    del frame
+    if signum == signal.SIGINT and self.signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.raised, self.signum = True, self.signum or signum
+
+  def preempted(self, where: str) -> Preempted:
+    """The exception to raise once saved (another host's signal reads as SIGTERM here)."""
+    if self.signum == signal.SIGINT:
+      return Preempted(f"Ctrl-C: saved {where}.", INTERRUPTED_EXIT_CODE)
+    return Preempted(f"SIGTERM: saved {where}.")
 
   def __exit__(self, *exc):
-    signal.signal(signal.SIGTERM, self._previous)
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
 
 
 def _is_due(step: int, every: int, last: int) -> bool:
@@ -162,7 +181,7 @@ def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
 
 
 def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: epath.Path, *,
-                writer, saved_config: dict, resume: bool, sigterm: _SigtermFlag,
+                writer, saved_config: dict, resume: bool, sigterm: _StopFlag,
                 mesh=None, before_save=lambda: None) -> list[dict]:
   """Trains one group to the end (or to a preemption); returns final member records.
 
@@ -221,7 +240,7 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: e
             before_save()
             ckpt.save(step, state, saved_config)
           if preempted and step < group.steps:
-            raise Preempted(f"SIGTERM: saved group {group.name} at step {step}.")
+            raise sigterm.preempted(f"group {group.name} at step {step}")
     finally:
       progress.close()
       if feeder is not None:
@@ -570,7 +589,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   writer = report.MetricsWriter(run_dir, keep=keep) if primary else _NullWriter()
   push = (lambda: run_folder.push(run_dir, out)) if primary else (lambda: None)
   dirs = {"run_dir": out if url else str(run_dir), "local_dir": str(run_dir)}
-  with writer, _SigtermFlag() as sigterm:
+  with writer, _StopFlag() as sigterm:
     for group in groups:
       final += train_group(group, cfg, checkpoints, writer=writer, saved_config=saved_config,
                            resume=resume, sigterm=sigterm, mesh=mesh, before_save=push)
