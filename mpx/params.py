@@ -14,13 +14,22 @@ from mpx.attention import MASK_LEAF
 PyTree = Any
 
 
-def _flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, Any]:
+def _children(tree) -> list[tuple[Any, Any]] | None:
+  """(key, child) of a dict, or of a list / tuple by index; None for a leaf."""
+  if isinstance(tree, Mapping):
+    return list(tree.items())
+  if isinstance(tree, (list, tuple)):
+    return list(enumerate(tree))
+  return None
+
+
+def _flatten(tree, prefix: tuple = ()) -> dict[tuple, Any]:
   flat = {}
-  for name, value in tree.items():
-    if isinstance(value, Mapping):
-      flat.update(_flatten(value, prefix + (name,)))
-    else:
+  for name, value in _children(tree):
+    if _children(value) is None:
       flat[prefix + (name,)] = value
+    else:
+      flat.update(_flatten(value, prefix + (name,)))
   return flat
 
 
@@ -32,9 +41,26 @@ def _without_nnx_value(flat: dict[tuple, Any]) -> dict[tuple, Any]:
   return flat
 
 
-def _rebuild(tree: Mapping, flat: Mapping[tuple, Any], prefix: tuple = ()) -> dict:
-  return {name: _rebuild(value, flat, prefix + (name,)) if isinstance(value, Mapping)
-          else flat[prefix + (name,)] for name, value in tree.items()}
+def _by_name(flat: dict[tuple, Any], which: str) -> dict[tuple, tuple]:
+  """Each path spelled in strings → the path. A layer list's index is the int 0 in
+  `nnx.to_pure_dict` and in a Linen / NNX list, the string '0' once Orbax restored it
+  without a target: both name one layer."""
+  named = {}
+  for path in flat:
+    name = tuple(map(str, path))
+    if name in named:
+      raise ValueError(f"the {which} params hold both {named[name]} and {path}, keys that "
+                       "differ only in type (int or str); rename one.")
+    named[name] = path
+  return named
+
+
+def _rebuild(tree, flat: Mapping[tuple, Any], prefix: tuple = ()):
+  children = _children(tree)
+  if children is None:
+    return flat[prefix]
+  rebuilt = {name: _rebuild(value, flat, prefix + (name,)) for name, value in children}
+  return rebuilt if isinstance(tree, Mapping) else type(tree)(rebuilt.values())
 
 
 def _mask_only(path: tuple) -> bool:
@@ -50,7 +76,9 @@ def merge_params(fresh: Mapping, loaded: Mapping, *,
       `nnx.to_pure_dict(nnx.state(model, nnx.Param))` (NNX).
     loaded: the earlier model's params as stored (a nested dict, e.g. an Orbax restore
       without a target; raw NNX state, whose every path ends in "value", is read as its
-      pure dict).
+      pure dict). Keys are matched by name: a layer list's index loads whether it is the
+      int 0 (`nnx.to_pure_dict`) or the string '0' (Orbax, restored without a target),
+      and lists load like dicts by index.
     may_be_missing: which paths (tuples of names) of `fresh` may be absent from `loaded`
       and keep their fresh init; by default only `mask_logits` leaves.
 
@@ -61,19 +89,23 @@ def merge_params(fresh: Mapping, loaded: Mapping, *,
     a model that is not the one saved.
   """
   new, old = _flatten(fresh), _without_nnx_value(_flatten(loaded))
-  show = lambda paths: ", ".join("/".join(map(str, p)) for p in sorted(paths, key=str))
-  unknown = set(old) - set(new)
+  # Matched by name: where only a key's type differs (a restored list's '0' for 0), the
+  # loaded leaf goes to the fresh tree's key.
+  new_names, old_names = _by_name(new, "new"), _by_name(old, "loaded")
+  show = lambda names: ", ".join("/".join(n) for n in sorted(names))
+  unknown = set(old_names) - set(new_names)
   if unknown:
     raise ValueError(f"the loaded params hold {show(unknown)}, which the new model lacks; "
                      "is it the same model with the same module names?")
-  missing = {p for p in set(new) - set(old) if not may_be_missing(p)}
+  missing = {n for n in set(new_names) - set(old_names) if not may_be_missing(new_names[n])}
   if missing:
     raise ValueError(f"the loaded params lack {show(missing)}; only mask leaves "
                      f"({MASK_LEAF}) are kept from the fresh init (pass may_be_missing= "
                      "to allow others).")
-  reshaped = [p for p in old if getattr(old[p], "shape", None) != getattr(new[p], "shape", None)]
+  shape = lambda leaf: getattr(leaf, "shape", None)
+  reshaped = [n for n, p in old_names.items() if shape(old[p]) != shape(new[new_names[n]])]
   if reshaped:
     raise ValueError("shapes differ at " + ", ".join(
-        f"{'/'.join(map(str, p))} (loaded {old[p].shape}, new {new[p].shape})"
-        for p in reshaped) + ".")
-  return _rebuild(fresh, {**new, **old})
+        f"{'/'.join(n)} (loaded {shape(old[old_names[n]])}, new {shape(new[new_names[n]])})"
+        for n in sorted(reshaped)) + ".")
+  return _rebuild(fresh, {**new, **{new_names[n]: old[p] for n, p in old_names.items()}})

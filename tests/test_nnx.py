@@ -375,3 +375,49 @@ def test_vmap_seed_ensemble_members_equal_models_trained_alone():
   chex.assert_trees_all_close(member, nnx.to_pure_dict(nnx.state(alone, nnx.Param)),
                               atol=1e-6)
   assert not np.allclose(member["mask_logits"], _prior(8, (H, N, N)))  # It learned.
+
+
+class _Blocks(nnx.Module):
+  """A transformer's usual shape: its attention blocks in an `nnx.List`."""
+
+  def __init__(self, attention, depth=2, seed=0):
+    self.blocks = nnx.List([attention(rngs=nnx.Rngs(seed + i)) for i in range(depth)])
+
+  def __call__(self, x):
+    for block in self.blocks:
+      x = x + block(x)
+    return x
+
+
+@pytest.mark.parametrize("saved_as", ["state", "pure_dict"])
+def test_a_checkpoint_with_a_layer_list_loads_into_the_drop_in(tmp_path, saved_as):
+  """Orbax restores an `nnx.List`'s indices as the strings '0', '1' where the new model's
+  pure dict has the ints 0, 1: both forms load, every weight in place, the masks fresh."""
+  flax_model = _Blocks(functools.partial(nnx.MultiHeadAttention, H, F, decode=False))
+  state = nnx.state(flax_model, nnx.Param)
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(tmp_path / "ckpt",
+                      state if saved_as == "state" else nnx.to_pure_dict(state))
+  with ocp.StandardCheckpointer() as checkpointer:
+    restored = checkpointer.restore(tmp_path / "ckpt")
+  assert "0" in restored["blocks"] and 0 not in restored["blocks"]  # The trap: str keys.
+  ours = _Blocks(functools.partial(mpx.nnx.MultiHeadAttention, H, F, decode=False,
+                                   num_tokens=N), seed=9)
+  x = _x(1)
+  assert not np.allclose(ours(x), flax_model(x))
+  _load(ours, restored)
+  np.testing.assert_array_equal(ours(x), flax_model(x))
+  for block in ours.blocks:
+    np.testing.assert_array_equal(block.mask_logits[...], priors.neutral(N, H))
+
+
+def test_keys_that_differ_only_in_type_are_named():
+  fresh = {"blocks": {0: {"w": np.zeros(2)}, "0": {"w": np.zeros(2)}}}
+  with pytest.raises(ValueError, match="differ only in type"):
+    mpx.merge_params(fresh, fresh)
+  with pytest.raises(ValueError, match="blocks/1/w, which the new model lacks"):
+    mpx.merge_params({"blocks": {0: {"w": np.zeros(2)}}},
+                     {"blocks": {"0": {"w": np.ones(2)}, "1": {"w": np.ones(2)}}})
+  merged = mpx.merge_params({"blocks": [{"w": np.zeros(2)}]},
+                            {"blocks": {"0": {"w": np.ones(2)}}})
+  np.testing.assert_array_equal(merged["blocks"][0]["w"], np.ones(2))
