@@ -157,6 +157,28 @@ def test_experiments_come_from_the_installed_package(tmp_path, monkeypatch):
   assert pathlib.Path(experiment.__file__).resolve().parent == package_dir
 
 
+_SOURCE_CHECKOUT = """
+import sys
+# No installer's finder: mpx comes from the checkout on sys.path alone (PYTHONPATH=.).
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
+sys.path_hooks[:] = [h for h in sys.path_hooks if "editable" not in repr(h)]
+sys.path.insert(0, sys.argv[1])
+from mpx.sweep import config
+experiment = config.load_experiment("boolean_coverage")  # imports mpx.experiments.boolean_gotu
+print(sys.modules["mpx.experiments"].__spec__.origin)
+"""
+
+
+def test_experiments_load_from_a_source_checkout_that_is_not_installed(tmp_path):
+  """The benchmarks run as `PYTHONPATH=. python benchmarks/...` on machines where mpx is not
+  installed: mpx.experiments is then the checkout's experiments/ folder."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  out = subprocess.run([sys.executable, "-c", _SOURCE_CHECKOUT, str(root)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert pathlib.Path(out.stdout.strip()) == root / "experiments" / "__init__.py"
+
+
 def test_setup_cfg_ships_every_package():
   """setup.cfg lists its packages by hand (to map experiments/ to mpx.experiments): a new
   subpackage left off the list would be missing from a plain `pip install .`."""

@@ -15,7 +15,31 @@ from typing import Any, Sequence
 
 import numpy as np
 
-import mpx.experiments
+
+def _experiments_package() -> types.ModuleType:
+  """`mpx.experiments`: installed from the repository's experiments/ folder by pip, or that
+  folder itself when mpx runs from a source checkout on PYTHONPATH (the benchmarks' way),
+  where no installer mapped it (experiments import each other as `mpx.experiments.NAME`)."""
+  try:
+    import mpx.experiments  # noqa: PLC0415
+    return mpx.experiments
+  except ModuleNotFoundError as e:
+    if e.name != "mpx.experiments":
+      raise
+    folder = pathlib.Path(__file__).resolve().parents[2] / "experiments"
+    if not (folder / "__init__.py").exists():
+      raise ModuleNotFoundError(
+          f"mpx.experiments is neither installed nor at {folder}: reinstall mpx "
+          "(pip install -e . in the repository)", name="mpx.experiments") from e
+    spec = importlib.util.spec_from_file_location(
+        "mpx.experiments", folder / "__init__.py", submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mpx.experiments"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+EXPERIMENTS = _experiments_package()
 
 EXPERIMENT_ATTRIBUTES = ("Config", "PRESETS", "PAPER", "METRICS", "build_groups")
 
@@ -199,7 +223,7 @@ def experiment_dirs() -> list[pathlib.Path]:
   """Where experiment names are looked up: ./experiments (a user's own), then the
   installed `mpx.experiments` package (the repository's experiments/ folder)."""
   dirs = [pathlib.Path.cwd() / "experiments"]
-  dirs += [pathlib.Path(p) for p in mpx.experiments.__path__]
+  dirs += [pathlib.Path(p) for p in EXPERIMENTS.__path__]
   return list(dict.fromkeys(d.resolve() for d in dirs))
 
 
