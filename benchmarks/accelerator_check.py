@@ -50,6 +50,8 @@ START = time.monotonic()  # The budget counts from here, imports included.
 # keeps most of it; the stage-3 child process gets a little beside it.
 PROBE_MEMORY_FRACTION = "0.05"
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.85")
+# The experiments refuse attention="cudnn" (wrong under vmap, measured): this check measures it.
+os.environ["MPX_MEASURE_CUDNN"] = "1"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -2,8 +2,7 @@
 
     mpx run boolean_gotu --preset quick      # 3 tasks × 4 schemes × 2 seeds, a few minutes on 2 CPU cores
     mpx run boolean_gotu --preset paper      # the GOTU model and protocol, 10 seeds (GPU)
-    mpx run boolean_gotu --preset paper --set compute_dtype=bfloat16 --set attention=cudnn
-                                             # GPU: bf16 matmuls, fused attention (untested on GPU)
+    mpx run boolean_gotu --preset paper --set compute_dtype=bfloat16   # GPU: bf16 matmuls
     mpx run boolean_gotu --preset cpu        # 4 layers, width 64, 4 seeds, 8 epochs: ~2 h on one core
     mpx run boolean_gotu --preset search --set epochs=4   # 14 mask designs on 2Parity, ~8 min CPU
 

@@ -51,3 +51,15 @@ def test_plots_include_heatmaps_and_degree_profiles(tiny_run):
   for name in ("2parity_block_0_attention.png", "2parity_degree_profile.png"):
     image = matplotlib.image.imread(tiny_run / "plots" / name)
     assert image.shape[0] > 200 and image.shape[1] > 400 and image.std() > 0
+
+
+def test_cudnn_attention_is_refused_until_measured_right(monkeypatch):
+  """cuDNN attention under the engine's vmap gave NaN losses on an H200 (jax 0.11.2):
+  a run asking for it stops before any compile, naming the measurement and the fix."""
+  from mpx.tasks import boolean_gotu
+  monkeypatch.delenv("MPX_MEASURE_CUDNN", raising=False)
+  with pytest.raises(ValueError, match=r"accelerator_check_h200.*attention=reference"):
+    boolean_gotu.Config(attention="cudnn")
+  assert boolean_gotu.Config(attention="jax").attention == "jax"
+  monkeypatch.setenv("MPX_MEASURE_CUDNN", "1")  # The accelerator check's way to measure it.
+  assert boolean_gotu.Config(attention="cudnn").attention == "cudnn"

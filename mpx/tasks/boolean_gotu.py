@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Callable, Sequence
 
 import jax
@@ -48,7 +49,8 @@ class Config(PriorConfig):
   compute_dtype: "float32" or "bfloat16" (projection and MLP matmuls only; logits,
     softmax, LayerNorm and params stay float32): bf16 is for GPUs, slow on CPU.
   attention: "reference", "jax" (`jax.nn.dot_product_attention`'s XLA path, the mask as
-    a float32 bias) or "cudnn" (its fused cuDNN kernel: GPU with bfloat16 only).
+    a float32 bias) or "cudnn" (its fused cuDNN kernel: refused, wrong under vmap on
+    jax 0.11.2, see experiments/results/accelerator_check_h200.md).
   """
   tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)  # Or your own, see boolean.register_task.
   seeds: int = 10
@@ -68,6 +70,13 @@ class Config(PriorConfig):
     if self.attention not in attention_lib.IMPLEMENTATIONS:
       raise ValueError(f"attention={self.attention!r}; choose from "
                        f"{attention_lib.IMPLEMENTATIONS}.")
+    if self.attention == "cudnn" and os.environ.get("MPX_MEASURE_CUDNN") != "1":
+      raise ValueError(
+          "attention='cudnn' trains wrong under the sweep engine's vmap: measured on an "
+          "H200 with jax 0.11.2, a member's loss is NaN from its first step "
+          "(experiments/results/accelerator_check_h200.md). Use attention=reference (the "
+          "default) or jax; MPX_MEASURE_CUDNN=1 lets benchmarks/accelerator_check.py "
+          "measure it again.")
     if self.learning_rate is not None and not self.learning_rate > 0:
       raise ValueError(f"learning_rate={self.learning_rate} must be > 0 (or none for the "
                        "GOTU protocol's per-task value).")
