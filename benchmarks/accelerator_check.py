@@ -509,6 +509,8 @@ def stage_sweep(ctx: Context, st: dict) -> None:
 
 PROBES = {
     "prior_vmap": "a prior per member (the engine's case), 16 tokens",
+    "prior_map": "prior_vmap with the members in lax.map (no vmap): the kernel or its "
+                 "batching rule",
     "odd_tokens_padded": "197 tokens (ViT-Tiny at 224 px) with a prior: mpx pads to 198",
     "odd_tokens_jax_alone": "197 tokens, a bias, jax.nn.dot_product_attention alone "
                             "(no mpx padding): jax's even-count rule",
@@ -552,7 +554,10 @@ def _attention_probe(name: str, p: dict, gpu: bool) -> dict:
     def f(m_HNN, q, k, v, w_BNHD):
       out = attend(q, k, v, m_HNN, fused).astype(jnp.float32)
       return jnp.sum(out) if name == "unbatched_cotangent" else jnp.sum(out * w_BNHD)
-    return jax.jit(jax.vmap(jax.value_and_grad(f, argnums=(0, 1))))
+    member = jax.value_and_grad(f, argnums=(0, 1))
+    if name == "prior_map":
+      return jax.jit(lambda *xs: jax.lax.map(lambda x: member(*x), xs))
+    return jax.jit(jax.vmap(member))
 
   got = jax.block_until_ready(loss(True)(m_KHNN, q, k, v, w_KBNHD))
   up = lambda x: x.astype(jnp.float32)
