@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import pathlib
+import re
 import sys
 import textwrap
 
@@ -182,9 +185,69 @@ def experiments_help() -> str:
   return "\n".join(lines)
 
 
+_NAMES = r"\w+(?:\s*[/,]\s*\w+)*"  # `a`, `a / b`, `a, b`: the fields an entry describes.
+
+
+def field_docs(config_class) -> dict[str, str]:
+  """{field: its description} from the "name: text" entries of the config class's
+  docstrings and its bases' (`a / b: text` describes both; `; c: text` or `. c: text`
+  starts another; deeper-indented lines continue one). The class's own entry wins."""
+  docs = {}
+  for klass in config_class.__mro__:
+    entries, indent = [], None
+    for line in inspect.cleandoc(klass.__dict__.get("__doc__") or "").splitlines():
+      depth = len(line) - len(line.lstrip())
+      continued = indent is not None and depth > indent and line.strip()
+      if not continued:
+        indent = None
+      for i, part in enumerate(re.split(rf"(?:;|(?<=\.))\s+(?={_NAMES}:\s)", line.strip())):
+        m = re.match(rf"({_NAMES}):\s+", part)
+        if continued and i == 0:
+          entries[-1][1].append(part)
+        elif m:
+          entries.append((m.group(1), [part[m.end():]]))
+          indent = depth if indent is None else indent
+    for names, text in entries:
+      for name in re.split(r"\s*[/,]\s*", names):
+        docs.setdefault(name, " ".join(text))
+  return docs
+
+
+def experiment_help(name_or_path: str) -> str:
+  """`mpx run EXPERIMENT --help`: what the experiment is, its presets and every config key
+  with its type, default and description; traced keys are marked."""
+  from mpx.sweep import config as config_lib
+  experiment = config_lib.load_experiment(name_or_path)
+  doc = (experiment.__doc__ or "").strip()
+  lines = [_wrap(" ".join(doc.split("\n\n")[0].split()), "") if doc else name_or_path, "",
+           "presets (--preset NAME; the first is the default):"]
+  for i, (preset, values) in enumerate(experiment.PRESETS.items()):
+    shown = " ".join(f"{k}={_show(v)}" for k, v in values.items()) or "(the defaults)"
+    lines.append(_wrap(f"{_preset_label(preset, i == 0)}: {shown}", "  "))
+  lines += ["", "config keys (--set KEY=VALUE; a list a,b,c sweeps a key: one group per "
+            "value, or for keys marked * (traced) members of one program):"]
+  docs = field_docs(experiment.Config)
+  for field in dataclasses.fields(experiment.Config):
+    traced = "*" if field.name in config_lib.TRACED else ""
+    default = (field.default if field.default is not dataclasses.MISSING
+               else field.default_factory())
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    lines.append(_wrap(f"{field.name}{traced} ({kind}) = {_show(default)}", "  "))
+    if field.name in docs:
+      lines.append(_wrap(docs[field.name], "      "))
+  return "\n".join(lines)
+
+
+def _show(value) -> str:
+  """A config value as `--set` takes it: tuples as a,b,c."""
+  if isinstance(value, (tuple, list)):
+    return ",".join(map(str, value)) or "()"
+  return str(value)
+
+
 def _wrap(text: str, indent: str) -> str:
   return textwrap.fill(text, 96, initial_indent=indent, subsequent_indent=indent + "    ",
-                       break_on_hyphens=False)
+                       break_on_hyphens=False, break_long_words=False)
 
 
 class _RunHelp(argparse.Action):
@@ -196,6 +259,16 @@ class _RunHelp(argparse.Action):
     super().__init__(option_strings, dest, default=default, nargs=0, help=help)
 
   def __call__(self, parser, namespace, values, option_string=None):
+    experiment = getattr(namespace, "experiment", None)
+    if experiment:  # `mpx run EXPERIMENT --help`: that experiment's presets and keys.
+      try:
+        text = experiment_help(experiment)
+      except ValueError as e:
+        parser.error(str(e))
+      print(f"usage: mpx run {experiment} [--preset NAME] [--set KEY=VALUE ...] [--out DIR] "
+            "[--resume[=auto]]\n(`mpx run --help`: every option and the exit codes)\n")
+      print(text)
+      parser.exit()
     parser.epilog = f"{RUN_EXIT_CODES}\n\n{experiments_help()}"
     parser.print_help()
     parser.exit()
@@ -237,7 +310,9 @@ def make_parser() -> argparse.ArgumentParser:
                                    "--help lists the experiments and presets",
                        add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
   run.add_argument("-h", "--help", action=_RunHelp,
-                   help="show this help, the experiments and their presets, and exit")
+                   help="show this help, the experiments and their presets, and exit; after "
+                        "an experiment (mpx run EXPERIMENT --help): its presets and config "
+                        "keys with defaults")
   run.add_argument("experiment", help="experiment name (e.g. boolean_gotu) or path to its file")
   run.add_argument("--preset", help="preset of the experiment (default: its first)")
   run.add_argument("--set", action="append", metavar="KEY=VALUE",

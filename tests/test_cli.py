@@ -242,3 +242,67 @@ def test_an_import_error_of_mpx_itself_keeps_its_traceback(monkeypatch):
   monkeypatch.setattr(cli, "_plot_command", broken)
   with pytest.raises(ImportError, match="cannot import name"):
     cli.main(["plot", "somewhere"])
+
+
+def test_run_experiment_help_names_every_key_default_and_preset(capsys):
+  """`mpx run EXPERIMENT --help`: that experiment's presets and every config key with its
+  type, default and description, the traced keys marked; not the generic help."""
+  import dataclasses
+  from mpx.sweep import config as config_lib
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", "boolean_gotu", "--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  experiment = config_lib.load_experiment("boolean_gotu")
+  for preset in experiment.PRESETS:
+    assert re.search(rf"^  {preset}( \(.*?\))?: ", out, re.M), preset
+  assert "  tiny (runs in under a minute): tasks=2parity schemes=default,mask seeds=1" in out
+  for field in dataclasses.fields(experiment.Config):
+    mark = r"\*" if field.name in config_lib.TRACED else ""
+    assert re.search(rf"^  {field.name}{mark} \(", out, re.M), field.name
+  assert "  learning_rate* (float | None) = None\n      None = the GOTU protocol's" in out
+  assert "  seeds (int) = 10\n      members per (task, scheme, hparams) cell" in out
+  assert "experiments (NAME" not in out  # The generic list is `mpx run --help`'s.
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "boolean_coverage", "boolean_gotu",
+                                  "discover_arithmetic", "discover_prior", "language",
+                                  "vision"])
+def test_every_config_key_has_a_description(name):
+  """The help reads the descriptions from the Config docstrings: a new field without one
+  would be listed bare."""
+  import dataclasses
+  from mpx.sweep import config as config_lib
+  config = config_lib.load_experiment(name).Config
+  docs = cli.field_docs(config)
+  assert not [f.name for f in dataclasses.fields(config) if not docs.get(f.name)]
+
+
+def test_field_docs_reads_shared_continued_and_inline_entries():
+  import dataclasses
+
+  @dataclasses.dataclass
+  class Base:
+    """Base.
+
+    Attributes:
+      a / b: both, continued
+        on the next line; c: inline.
+      d, e: listed. f: after a period.
+    """
+    a: int = 0
+
+  @dataclasses.dataclass
+  class Child(Base):
+    """Child. a: the child's own."""
+
+  assert cli.field_docs(Child) == {
+      "a": "the child's own.", "b": "both, continued on the next line", "c": "inline.",
+      "d": "listed.", "e": "listed.", "f": "after a period."}
+
+
+def test_run_help_of_an_unknown_experiment_is_a_one_line_error(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", "no_such_experiment", "--help"])
+  assert exit_info.value.code == 2
+  assert "unknown experiment 'no_such_experiment'" in capsys.readouterr().err

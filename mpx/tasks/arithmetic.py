@@ -343,6 +343,10 @@ class Config(PriorConfig):
     and 81.54% at ×18), so the recipe's ×18 stays the default.
   probe_size: test problems the persistence diagnostics run on (fidelity on the rows
     that predict an answer digit, drift, gradient norms of the answer loss).
+  tasks: "addition" and/or "multiplication", one group per task and fraction.
+  reverse_answer: the answer's digits least-significant first (Lee et al.'s format).
+  learning_rate / warmup_steps / steps: AdamW's peak rate, its linear warmup, the
+    training steps (cosine decay to the end).
   """
   width: int = 384       # Lee et al.'s NanoGPT: 6 × 384, MLP 4×, AdamW wd 0.1.
   depth: int = 6

@@ -36,6 +36,8 @@ TASK_PROTOCOL = {"2parity": (1e-5, 20), "majority3": (1e-5, 30), "cyclic3": (2e-
 class Config(PriorConfig):
   """Shared fields: `mpx.tasks.common.PriorConfig`. learning_rate / epochs: None = the GOTU protocol's per-task values.
 
+  tasks: the registered Boolean tasks to train, one group each (`boolean.register_task`
+    adds your own).
   designs: the mask designs (`MASK_DESIGNS`) the "mask" scheme expands into.
   init_style: "torch" (the GOTU code's init, N(0, 1) embeddings) or "flax" (lecun normal,
     N(0, 0.02) embeddings), a search axis: FINDINGS saw the embedding init move the
@@ -46,6 +48,7 @@ class Config(PriorConfig):
     on its pattern at init on training inputs (0.53–0.79 with 1).
   probe_size: cube points (seen and unseen in proportion, seeded) the persistence
     diagnostics run on.
+  eval_points_per_call: cube points per call of the evaluation (its memory).
   compute_dtype: "float32" or "bfloat16" (projection and MLP matmuls only; logits,
     softmax, LayerNorm and params stay float32): bf16 is for GPUs, slow on CPU.
   attention: "reference", "jax" (`jax.nn.dot_product_attention`'s XLA path, the mask as

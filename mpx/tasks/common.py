@@ -15,7 +15,9 @@ from mpx.sweep.config import SweepConfig
 class PriorConfig(SweepConfig):
   """The model's shape, the init schemes and their prior, the batch and the probe.
 
-  Defaults are the GOTU model's (PAPER.md); an experiment redeclares the ones it changes.
+  Defaults are the GOTU model's; an experiment redeclares the ones it changes.
+    width / depth / num_heads / head_dim / mlp_dim: the transformer's shape.
+    batch_size: examples per training step of each member.
     schemes: init schemes (`mpx.schemes.SCHEMES`), one member per scheme and seed.
     mask_strength: the prior's ±a; mask_lr_multiplier: the mask's learning-rate factor
       (mask members only; the others' neutral mask is frozen).
@@ -28,6 +30,7 @@ class PriorConfig(SweepConfig):
       device: slices of one value's members, faster there); m maps them in slices of m
       (the engine's memory valve: same results, less memory, for models too large to
       vmap every member).
+  weight_decay: the optimizer's decay of every param but the masks (a traced value).
   """
   SCHEME_NAMES: ClassVar[tuple[str, ...]] = schemes_lib.SCHEMES  # A family's valid schemes.
   schemes: tuple[str, ...] = ("default", "qk_svd", "qk_opt", "mask")

@@ -49,6 +49,10 @@ class Config(PriorConfig):
   dtype: matmul compute dtype ("bfloat16" on accelerators); implementation: attention
     backend (`mpx.masked_attention`).
   mask_strength is not used: ALiBi's slopes set the prior's strength.
+  data_dir: where a downloaded dataset's files are (docs/data.md); vocab_size: the BPE
+    vocabulary (bpe only).
+  learning_rate: AdamW's peak rate; grad_clip: global-norm clip (None = off).
+  eval_batch: validation windows per compiled evaluation call.
   """
   SCHEME_NAMES: ClassVar[tuple[str, ...]] = schemes.LANGUAGE_SCHEMES
   schemes: tuple[str, ...] = schemes.LANGUAGE_SCHEMES

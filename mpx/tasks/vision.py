@@ -58,13 +58,17 @@ class Config(PriorConfig):
   image_size, patch_size, pool, pos_embed, drop_path: the ViT (`mpx.nn.vit.ViT`).
   designs: the mask scheme's priors, "window" (`window`×`window` around each patch) and/or
     "impulse" (head h reads its 3×3 shift); CLS row and column stay open.
-  epochs / steps: training length (steps, when set, wins); warmup_epochs of linear warmup,
+  epochs / steps: training length (steps, when set, wins); warmup_epochs: linear warmup,
     then cosine decay to 0 (AdamW; no decay on the mask and `NO_WEIGHT_DECAY`).
   crop: "random_resized" (scale 0.08–1, the 224-px recipe; CIFAR is upsampled) or "pad"
     (a random crop of the image padded by image_size / 8, the 32-px recipe).
-  flip, randaugment_ops / randaugment_magnitude (0 = off), random_erasing: host
-    augmentations; mixup, cutmix (alphas; 0 = off), label_smoothing: on device, per member.
+  flip, randaugment_ops / randaugment_magnitude, random_erasing: host augmentations
+    (0 = off); mixup, cutmix, label_smoothing: on device, per member (mixup and cutmix are
+    alphas; 0 = off).
   data_threads: grain read threads (0 = in the prefetch thread; results are identical).
+  window: the window prior's side, in patches.
+  learning_rate: AdamW's peak rate; grad_clip: global-norm clip (None = off).
+  eval_batch: test images per compiled evaluation call.
   """
   SCHEME_NAMES: ClassVar[tuple[str, ...]] = schemes.VISION_SCHEMES
   schemes: tuple[str, ...] = schemes.VISION_SCHEMES
