@@ -142,8 +142,9 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   Args:
     *args, **kwargs: `nnx.MultiHeadAttention`'s.
     num_tokens: the prior's size, fixed at construction since NNX creates params eagerly:
-      N for self-attention over N tokens, `(Nq, Nk)` for Nq queries over Nk keys. Every
-      call must match it; in decode mode it is the cache length.
+      N for self-attention over N tokens, `(Nq, Nk)` for Nq queries over Nk keys: the
+      longest inputs. A shorter call (or decoding cache) uses the prior's top-left block,
+      its first positions; a longer one raises.
     mask_init: initializer `(key, shape, dtype)` for `M`, e.g.
       `mpx.priors.as_initializer(prior)`. The default `priors.neutral_init` (M = 200) is
       exactly flax's attention but has a gradient of exactly 0, so it never moves;
@@ -203,18 +204,22 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
       # flax's cache (`init_cache`): `cached_key` [batch..., max_length, kv_heads, head_dim]
       # and `cache_index`, the position this step writes (flax increments it later).
       max_length = self.cached_key.shape[-3]
-      if self.num_tokens != (max_length, max_length):
-        raise ValueError(f"decoding with a cache of {max_length} positions needs "
-                         f"num_tokens={max_length}; this module has num_tokens="
-                         f"{self.num_tokens}.")
+      bias_HQK = self._top_left(bias_HQK, max_length, max_length, "a decoding cache of")
       return jax.lax.dynamic_slice_in_dim(bias_HQK, self.cache_index[...], 1, axis=-2)
     n_q = inputs_q.shape[-2]
     n_k = (inputs_q if inputs_k is None else inputs_k).shape[-2]
-    if (n_q, n_k) != self.num_tokens:
-      raise ValueError(f"num_tokens={self.num_tokens} (queries, keys) but the call has "
-                       f"{n_q} queries and {n_k} keys; build the module with num_tokens="
-                       f"{n_q if n_q == n_k else (n_q, n_k)}.")
-    return bias_HQK
+    return self._top_left(bias_HQK, n_q, n_k, "a call with")
+
+  def _top_left(self, bias_HQK, n_q: int, n_k: int, what: str) -> jax.Array:
+    """The prior's top-left `[n_q, n_k]` block: positions 0..n−1, as a shorter sequence (or
+    decoding) sees them; more positions than `num_tokens` raise."""
+    if n_q > self.num_tokens[0] or n_k > self.num_tokens[1]:
+      raise ValueError(
+          f"num_tokens={self.num_tokens} (queries, keys) is the most this prior covers, but "
+          f"{what} {n_q} queries and {n_k} keys; build the module with num_tokens="
+          f"{n_q if n_q == n_k else (n_q, n_k)} or more (shorter inputs use the prior's "
+          "top-left block).")
+    return bias_HQK[..., :n_q, :n_k]
 
 
 class MaskedSelfAttention(nnx.Module):

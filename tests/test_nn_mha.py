@@ -273,10 +273,30 @@ def test_not_masks_keeps_a_frozen_prior_out_of_weight_decay():
       np.testing.assert_array_equal(trained["mask_logits"], prior)
 
 
+@pytest.mark.parametrize("per_head_mask", [True, False])
+def test_a_shorter_input_uses_the_priors_top_left_block(per_head_mask):
+  """Initialised on N tokens, applied to N' < N: positions 0..N'−1 see M[..., :N', :N'],
+  exactly as params holding only that block do (a prior sliced elsewhere would differ)."""
+  prior = _prior((H, N, N) if per_head_mask else (N, N))
+  _, drop_in = _pair(prior, per_head_mask=per_head_mask)
+  params = drop_in.init(jax.random.key(0), _x(1))["params"]
+  n = N - 2
+  block = params | {"mask_logits": params["mask_logits"][..., :n, :n]}
+  x = _x(2, n)
+  module_of_block = drop_in.clone(mask_init=priors.neutral_init)  # Its M is `block`'s.
+  np.testing.assert_array_equal(drop_in.apply({"params": params}, x),
+                                module_of_block.apply({"params": block}, x))
+  grads = jax.grad(lambda p: jnp.sum(drop_in.apply({"params": p}, x) ** 2))(params)
+  assert grads["mask_logits"].shape == params["mask_logits"].shape
+  assert np.all(grads["mask_logits"][..., n:, :] == 0)  # Unused positions get no gradient.
+  assert np.any(grads["mask_logits"][..., :n, :n] != 0)
+
+
 def test_errors_name_the_fix(monkeypatch):
   _, drop_in = _pair()
   params = drop_in.init(jax.random.key(0), _x(1))["params"]
-  with pytest.raises(ValueError, match="lengths used at init"):
+  with pytest.raises(ValueError, match=r"covers at most \d+ queries.*init the model with "
+                                       "the longest"):
     drop_in.apply({"params": params}, _x(1, N + 1))
   with pytest.raises(ValueError, match="set per_head_mask as at init"):
     drop_in.clone(per_head_mask=False).apply({"params": params}, _x(1))

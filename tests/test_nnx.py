@@ -177,9 +177,28 @@ def test_decode_step_by_step_equals_a_causal_pass():
   step = nnx.jit(lambda m, x_B1F: m(x_B1F, decode=True))  # The cache index is traced.
   steps = jnp.concatenate([step(model, x[:, i:i + 1]) for i in range(N)], axis=1)
   chex.assert_trees_all_close(steps, full, atol=1e-6)  # Other shapes: ~2e-7 apart.
-  with pytest.raises(ValueError, match="needs num_tokens=6"):
+  with pytest.raises(ValueError, match=r"most this prior covers.*num_tokens=6 or more"):
     model.init_cache((B, N + 1, F))
     model(x[:, :1], decode=True)
+
+
+def test_a_shorter_input_uses_the_priors_top_left_block():
+  """The prior is positional: N' < N tokens (or a cache of N' positions) are positions
+  0..N'−1, so they see M[:, :N', :N'], as a module built for N' with that block does."""
+  prior, n = _prior(4, (H, N, N)), N - 2
+  model, short = (mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=t,
+                                             mask_init=priors.as_initializer(m),
+                                             rngs=nnx.Rngs(0))
+                  for t, m in ((N, prior), (n, prior[:, :n, :n])))
+  x = _x(1, n=n)
+  chex.assert_trees_all_close(model(x), short(x), atol=0, rtol=0)
+  model.init_cache(x.shape)
+  steps = jnp.concatenate([model(x[:, i:i + 1], decode=True) for i in range(n)], axis=1)
+  chex.assert_trees_all_close(steps, short(x, mask=nnx.make_causal_mask(x[..., 0])),
+                              atol=1e-6)
+  cross = mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=(N, N + 1),
+                                     rngs=nnx.Rngs(0))
+  assert cross(_x(1, n=2), _x(2, n=3)).shape == (B, 2, F)
 
 
 def test_neutral_drop_in_decodes_as_flax_bit_for_bit():
@@ -196,10 +215,10 @@ def test_neutral_drop_in_decodes_as_flax_bit_for_bit():
 
 def test_wrong_token_counts_name_the_argument():
   model = mpx.nnx.MultiHeadAttention(H, F, decode=False, num_tokens=N, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"num_tokens=\(5, 5\).*num_tokens=4"):
-    model(_x(1, n=4))
-  with pytest.raises(ValueError, match=r"num_tokens=\(5, 3\)"):
-    model(_x(1), _x(2, n=3))
+  with pytest.raises(ValueError, match=r"num_tokens=\(5, 5\).*6 queries.*num_tokens=6 or"):
+    model(_x(1, n=6))
+  with pytest.raises(ValueError, match=r"num_tokens=\(5, 7\) or more"):
+    model(_x(1), _x(2, n=7))
   with pytest.raises(ValueError, match="num_tokens must be"):
     mpx.nnx.MultiHeadAttention(H, F, num_tokens=(N, N, N), rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="repeat_heads"):

@@ -83,9 +83,10 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
   never learns (see `mask_init`).
 
   The prior is positional: `M` is shaped from the inputs at init, `[H, Nq, Nk]` (or
-  `[Nq, Nk]`), and later calls must use the same lengths. With `decode=True`, init with
-  the full-length input (as Flax's cache is built); each one-token step then uses the
-  prior's row at the cache index.
+  `[Nq, Nk]`): init with the longest inputs. A shorter input uses the prior's top-left
+  block (its first positions); a longer one raises. With `decode=True`, init with the
+  full-length input (as Flax's cache is built); each one-token step then uses the prior's
+  row at the cache index.
 
   Attributes (besides all of Flax's):
     mask_init: Flax initializer of `M`, e.g. `mpx.priors.as_initializer(prior)`. The
@@ -148,26 +149,30 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
     shape = (n_q, n_k)
     if self.per_head_mask:
       shape = (self.num_heads,) + shape
-    self._check_mask_shape(shape)
-    mask_logits = self.param(attention_lib.MASK_LEAF, self.mask_init, shape, jnp.float32)
+    stored = self._stored_mask_shape(shape)
+    mask_logits = self.param(attention_lib.MASK_LEAF, self.mask_init, stored, jnp.float32)
     if not self.learnable_mask:
       mask_logits = jax.lax.stop_gradient(mask_logits)
+    mask_logits = mask_logits[..., :n_q, :n_k]  # A shorter input: the top-left block.
     if decoding_step:
       index = self.get_variable("cache", "cache_index")  # Before Flax advances it.
       mask_logits = jax.lax.dynamic_slice_in_dim(mask_logits, index, 1, axis=-2)
     bias = attention_lib.mask_bias(mask_logits)
     return bias if self.per_head_mask else bias[None]
 
-  def _check_mask_shape(self, shape: tuple[int, ...]) -> None:
-    """A stored `M` of other lengths means other inputs than at init: say so plainly."""
+  def _stored_mask_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of `M`: the stored one when applying (a shorter input reads its top-left
+    block), else `shape`. Longer inputs, or another `per_head_mask`, raise plainly."""
     if not self.has_variable("params", attention_lib.MASK_LEAF):
-      return
+      return shape
     stored = tuple(self.get_variable("params", attention_lib.MASK_LEAF).shape)
-    if stored[-2:] == shape[-2:] and stored != shape:
+    if len(stored) != len(shape) or (len(shape) == 3 and stored[0] != shape[0]):
       raise ValueError(
           f"mask_logits is {stored} but per_head_mask={self.per_head_mask} with "
           f"{self.num_heads} heads needs {shape}; set per_head_mask as at init.")
-    if stored != shape:
+    if shape[-2] > stored[-2] or shape[-1] > stored[-1]:
       raise ValueError(
-          f"mask_logits is {stored} but these inputs need {shape} (queries x keys): "
-          "the prior is positional; apply with the lengths used at init (pad to them).")
+          f"mask_logits is {stored}: the prior covers at most {stored[-2]} queries x "
+          f"{stored[-1]} keys, but these inputs have {shape[-2]} x {shape[-1]}; init the "
+          "model with the longest inputs (shorter ones use the prior's top-left block).")
+    return stored
