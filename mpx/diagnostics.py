@@ -202,17 +202,58 @@ def attention_maps_from(intermediates: PyTree) -> dict[str, jax.Array]:
   return _by_layer(found)
 
 
+def _sow_every_attention(next_fun, args, kwargs, context):
+  """A Linen method interceptor: every `nn.MultiHeadDotProductAttention` (Flax's, mpx's
+  drop-in, any subclass) is called with `sow_weights=True`, so a model need not pass it
+  down from its own call."""
+  from flax import linen as nn
+  if (isinstance(context.module, nn.MultiHeadDotProductAttention)
+      and context.method_name == "__call__"):
+    kwargs = {**kwargs, "sow_weights": True}
+  return next_fun(*args, **kwargs)
+
+
 def attention_maps(apply_fn: Callable, params: PyTree, *inputs) -> dict[str, jax.Array]:
-  """{layer: attention probabilities [B, H, N, N]} of a Linen model applied to `inputs`:
-  what its attention modules sow (mpx's `MaskedSelfAttention` always; Flax's attention and
-  mpx's drop-in when called with `sow_weights=True`)."""
-  _, state = apply_fn({"params": params}, *inputs, mutable=["intermediates"])
+  """{layer: attention probabilities [B, H, N, N]} of a Linen model applied to `inputs`,
+  the model unedited: Flax's attention modules (and mpx's drop-in) are made to sow their
+  weights for this call (`flax.linen.intercept_methods`), mpx's `MaskedSelfAttention`
+  always does. Works under jit and vmap."""
+  from flax import linen as nn
+  with nn.intercept_methods(_sow_every_attention):
+    _, state = apply_fn({"params": params}, *inputs, mutable=["intermediates"])
   maps = attention_maps_from(state.get("intermediates", {}))
   if not maps:
-    raise ValueError("the model recorded no attention_weights: call its attention modules "
-                     "with sow_weights=True (e.g. apply_fn=functools.partial(model.apply, "
-                     "sow_weights=True) for a model that passes it down).")
+    raise ValueError("the model recorded no attention_weights: it has no Flax or mpx "
+                     "attention module (a hand-written attention can sow its probabilities "
+                     f"as {SOWN!r} with self.sow('intermediates', ...)).")
   return maps
+
+
+def nnx_attention_maps(model, *inputs, **kwargs) -> dict[str, jax.Array]:
+  """{layer: attention probabilities [B, H, N, N]} of an NNX model called on `inputs`,
+  the model unedited: for this call every `nnx.MultiHeadAttention` in it (Flax's, mpx's
+  drop-in) hands its weights to the attention function's `module=` argument, which sows
+  them, as `sow_weights=True` would; the model is left as it was."""
+  from flax import nnx
+  modules = [m for _, m in nnx.iter_graph(model) if isinstance(m, nnx.MultiHeadAttention)]
+  if not modules:
+    raise ValueError("the model holds no nnx.MultiHeadAttention (mpx.nnx's drop-in is one); "
+                     "for mpx.nnx.MaskedSelfAttention pass sow_weights=True and read "
+                     "attention_maps_from(nnx.pop(model, nnx.Intermediate)).")
+  originals = [m.attention_fn for m in modules]
+  try:
+    for m, fn in zip(modules, originals):
+      m.attention_fn = functools.partial(_sowing, fn, m)
+    _, sown = nnx.capture(model, nnx.Intermediate)(*inputs, **kwargs)
+  finally:
+    for m, fn in zip(modules, originals):
+      m.attention_fn = fn
+  return attention_maps_from(sown)
+
+
+def _sowing(attention_fn, owner, /, *args, **kwargs):
+  """`attention_fn` told to sow into `owner` (flax passes `module=None` unless sowing)."""
+  return attention_fn(*args, **{**kwargs, "module": owner})
 
 
 def prior_fidelity(weights_BHNN: jax.Array, allowed: jax.Array) -> float:
@@ -232,11 +273,11 @@ def steps_to_half(steps: Sequence[int], fidelity: Sequence[float]) -> int | None
   return None
 
 
-def mean_attention_map(weights_BHNN: jax.Array, decimals: int = 4) -> list[list[float]]:
-  """The attention probabilities averaged over the batch and heads, `[N, N]` as nested
-  lists small enough for a metrics line: what the heatmaps of `mpx plot` draw."""
-  return np.round(np.asarray(jnp.mean(weights_BHNN, axis=(0, 1)), np.float64),
-                  decimals).tolist()
+def mean_attention_map(weights_BHNN: jax.Array, decimals: int = 4) -> np.ndarray:
+  """The attention probabilities averaged over the batch and heads, `[N, N]` float64,
+  rounded to `decimals` (`.tolist()` for a metrics line): what `mpx plot`'s heatmaps
+  draw."""
+  return np.round(np.asarray(jnp.mean(weights_BHNN, axis=(0, 1)), np.float64), decimals)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))

@@ -86,7 +86,8 @@ def test_steps_to_half():
 
 def test_mean_attention_map_averages_batch_and_heads():
   weights = jax.nn.softmax(jax.random.normal(jax.random.key(4), (3, 2, 5, 5)), axis=-1)
-  mean = np.asarray(diagnostics.mean_attention_map(weights, decimals=6))
+  mean = diagnostics.mean_attention_map(weights, decimals=6)
+  assert isinstance(mean, np.ndarray) and mean.dtype == np.float64
   chex.assert_shape(mean, (5, 5))
   np.testing.assert_allclose(mean, np.asarray(weights).mean((0, 1)), atol=1e-6)
   np.testing.assert_allclose(mean.sum(-1), 1.0, atol=1e-5)
@@ -272,11 +273,70 @@ def test_a_mask_starting_at_zero_reports_its_rms_change_not_a_relative_drift():
   assert diagnostics.mask_rms_change(neutral, neutral)["block_0"] is None
 
 
-def test_attention_maps_of_a_model_that_records_none_names_sow_weights():
+def test_attention_maps_of_flax_attention_alone_need_no_sow_weights():
   model = nn.MultiHeadDotProductAttention(num_heads=2)
   x = jnp.ones((1, 3, 4))
   params = model.init(jax.random.key(0), x)["params"]
-  with pytest.raises(ValueError, match="sow_weights=True"):
-    diagnostics.attention_maps(model.apply, params, x)
-  maps = diagnostics.attention_maps(functools.partial(model.apply, sow_weights=True), params, x)
+  maps = diagnostics.attention_maps(model.apply, params, x)
+  chex.assert_trees_all_close(maps, diagnostics.attention_maps(
+      functools.partial(model.apply, sow_weights=True), params, x), atol=0, rtol=0)
   assert [m.shape for m in maps.values()] == [(1, 2, 3, 3)]
+
+
+class _UneditedEncoder(nn.Module):
+  """A user's Linen model: Flax's attention and mpx's drop-in, `sow_weights` nowhere."""
+  sow: bool = False  # Only the reference below passes it down.
+
+  @nn.compact
+  def __call__(self, x_BND):
+    import mpx.nn
+    prior = priors.as_initializer(2.0 * jax.random.normal(jax.random.key(3), (2, 5, 5)))
+    x_BND = x_BND + nn.MultiHeadDotProductAttention(num_heads=2, name="flax_attn")(
+        x_BND, sow_weights=self.sow)
+    return x_BND + mpx.nn.MultiHeadDotProductAttention(
+        num_heads=2, mask_init=prior, name="mpx_attn")(x_BND, sow_weights=self.sow)
+
+
+def test_attention_maps_of_an_unedited_linen_model_equal_the_sown_ones():
+  x = jax.random.normal(jax.random.key(1), (3, 5, 8))
+  model = _UneditedEncoder()
+  params = model.init(jax.random.key(0), x)["params"]
+  maps = jax.jit(lambda p, x: diagnostics.attention_maps(model.apply, p, x))(params, x)
+  _, state = _UneditedEncoder(sow=True).apply({"params": params}, x,
+                                              mutable=["intermediates"])
+  sown = diagnostics.attention_maps_from(state["intermediates"])
+  assert set(maps) == set(sown) == {"flax_attn", "mpx_attn"}
+  chex.assert_trees_all_close(maps, sown, atol=0, rtol=0)
+  chex.assert_shape(maps["mpx_attn"], (3, 2, 5, 5))
+  assert not np.allclose(maps["mpx_attn"], maps["flax_attn"])  # The prior shows.
+  with pytest.raises(ValueError, match="no Flax or mpx attention module"):
+    diagnostics.attention_maps(nn.Dense(3).apply, nn.Dense(3).init(jax.random.key(0), x)
+                               ["params"], x)
+
+
+class _NnxEncoder(nnx.Module):
+  def __init__(self, rngs):
+    import mpx.nnx
+    prior = priors.as_initializer(2.0 * jax.random.normal(jax.random.key(3), (2, 5, 5)))
+    self.flax_attn = nnx.MultiHeadAttention(2, 8, decode=False, rngs=rngs)
+    self.mpx_attn = mpx.nnx.MultiHeadAttention(2, 8, decode=False, num_tokens=5,
+                                               mask_init=prior, rngs=rngs)
+
+  def __call__(self, x_BND, sow_weights=False):
+    x_BND = x_BND + self.flax_attn(x_BND, sow_weights=sow_weights)
+    return x_BND + self.mpx_attn(x_BND, sow_weights=sow_weights)
+
+
+def test_nnx_attention_maps_of_an_unedited_model_equal_the_sown_ones():
+  x = jax.random.normal(jax.random.key(1), (3, 5, 8))
+  model = _NnxEncoder(nnx.Rngs(0))
+  out_before = model(x)
+  maps = diagnostics.nnx_attention_maps(model, x)
+  _, sown = nnx.capture(model, nnx.Intermediate)(x, sow_weights=True)
+  assert set(maps) == {"flax_attn", "mpx_attn"}
+  chex.assert_trees_all_close(maps, diagnostics.attention_maps_from(sown), atol=0, rtol=0)
+  assert not np.allclose(maps["mpx_attn"], maps["flax_attn"])
+  # The model is left as it was: the same output, and a plain call sows nothing.
+  np.testing.assert_array_equal(model(x), out_before)
+  _, after = nnx.capture(model, nnx.Intermediate)(x)
+  assert not diagnostics.attention_maps_from(after)
