@@ -101,7 +101,7 @@ class MultiHeadDotProductAttention(nn.MultiHeadDotProductAttention):
 
   As in Flax, the attention probabilities are recorded, as `intermediates/.../
   attention_weights`, only when called with `sow_weights=True` (and applied with a mutable
-  `intermediates`): a model passes it down for `mpx.diagnostics.attention_maps`.
+  `intermediates`); `mpx.diagnostics.attention_maps` does both for a model left unedited.
   """
   mask_init: Callable = priors.neutral_init
   learnable_mask: bool = True
