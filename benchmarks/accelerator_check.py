@@ -971,6 +971,7 @@ def stage_eta(ctx: Context, st: dict) -> None:
                        "rate used": f"{rate:.4g} member-steps/s ({how})",
                        "training s": f"{seconds:.0f}"})
   fits = total <= CALL_LIMIT_S
+  st["eta_s"] = {"total": total, "compile": compile_s or 0.0, "groups": len(plan)}  # Unrounded.
   largest = max(g["members"] for g in plan)
   if ctx.most is not None and largest > ctx.most:
     st["notes"].append(f"A group of {largest} members exceeds the {ctx.most} that fit at "

@@ -187,6 +187,10 @@ def _eta_content(stages):
   assert found, eta
   assert abs(int(found[2]) - compile_s) <= 0.6, (eta, compile_s)
   assert abs(int(found[1]) - (members * steps / measured["rate"] + compile_s)) <= 1, eta
+  exact = stage["eta_s"]  # The unrounded figures: a missing term shows however fast the CPU.
+  assert abs(exact["compile"] - compile_s) <= 0.05 and exact["groups"] == 1, exact
+  assert exact["total"] == pytest.approx(members * steps / measured["rate"] + exact["compile"],
+                                         rel=1e-9), exact
   trained = stage["facts"]["2Parity default and mask, trained"]
   assert f"({members} members × {steps} steps; expected " in trained, trained
 
@@ -432,3 +436,16 @@ def test_the_most_members_are_checked_against_xla_before_they_run(monkeypatch):
       (1, False), (2, False), (16, True), (10, False)]
   assert ctx.most == 10 == int(16 * limit / program(16))
   assert stage["facts"]["most members that fit (tiny)"].endswith("so 10")
+
+
+def test_the_sweeps_rate_counts_every_member_step(tmp_path, monkeypatch):
+  """Every sweep figure derives from one rate, so a wrong factor in it keeps them all
+  consistent: with each timed chunk taking 1 s, the rate must be K × steps × repeats."""
+  monkeypatch.setattr(AC.chunk_timing, "time_chunk", lambda *a, **k: 1.0)
+  args = AC.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--cache-dir", ""])
+  budget = AC.Budget(600)
+  report = AC.Report(tmp_path / "out", {"command": "test", "budget_s": 600, "tiny": True,
+                                        "started": "now"}, budget)
+  ctx = AC.Context(AC.TINY, budget, report, args, "jax", boolean=gotu_experiment)
+  row = AC.measure_boolean(ctx, "paper", 2)
+  assert row["rate"] == 2 * AC.TINY.steps["paper"] * AC.TINY.repeats, row
