@@ -96,6 +96,7 @@ class Config(arithmetic.Config):
     `learned` arm's loss; it closes what the task does not hold open.
   discover_mask_lr_multiplier: the `learned` arm's mask learning rate, × the rest's.
   mask_threshold: an entry is open when σ(M) > it (1/2: above its init).
+  persistence: the persistence diagnostics at each evaluation (False: a faster smoke test).
   """
   SCHEME_NAMES: ClassVar[tuple[str, ...]] = ARMS
   tasks: tuple[str, ...] = ("addition",)
@@ -103,6 +104,7 @@ class Config(arithmetic.Config):
   sparsity: float = 0.1
   discover_mask_lr_multiplier: float = 10.0
   mask_threshold: float = ad.MASK_THRESHOLD
+  persistence: bool = True
 
   def __post_init__(self):
     super().__post_init__()
@@ -122,8 +124,9 @@ class Config(arithmetic.Config):
 PRESETS = {
     # arithmetic's quick preset: its default and mask members, seed for seed.
     "quick": dict(ARITHMETIC_PRESETS["quick"]),
-    # Seconds: both stages and the files (20 steps discover nothing).
-    "tiny": {k: v for k, v in ARITHMETIC_PRESETS["tiny"].items() if k != "schemes"},
+    # Seconds: both stages and the files (20 steps discover nothing), no persistence probe.
+    "tiny": {k: v for k, v in ARITHMETIC_PRESETS["tiny"].items() if k != "schemes"}
+            | dict(persistence=False),
 }
 
 
@@ -153,6 +156,14 @@ def _masked(config: Config):
   return range(config.depth) if config.mask_layers is None else config.mask_layers
 
 
+def _group(config: Config, task: str, arms) -> engine.Group:
+  """arithmetic's group of `arms` × seeds; without its persistence probe where
+  `persistence=False`."""
+  group = arithmetic.make_group(config, task, fraction(config, task),
+                                _members(config, task, arms))
+  return group if config.persistence else dataclasses.replace(group, probe=None)
+
+
 def _default_member(member: engine.Member) -> engine.Member:
   """The member as arithmetic's `default` scheme inits it (the same key, frozen mask)."""
   return dataclasses.replace(member, scheme="default")
@@ -164,8 +175,7 @@ def _default_member(member: engine.Member) -> engine.Member:
 def _stage1_group(config: Config, task: str) -> engine.Group:
   """default and learned × seeds, arithmetic's group; the pressure is in every member's
   loss, where it moves only the learnable mask."""
-  group = arithmetic.make_group(config, task, fraction(config, task),
-                                _members(config, task, STAGE_1))
+  group = _group(config, task, STAGE_1)
   base = group.task
   n_tokens = spec_of(config, task).n_tokens
 
@@ -250,8 +260,7 @@ def _task_json(spec: arithmetic.ArithmeticTask) -> dict:
 def _stage2_group(config: Config, task: str, stage1: Stage1 | None) -> engine.Group:
   """The hand-written prior and the priors of stage 1's patterns, × seeds."""
   spec = spec_of(config, task)
-  group = arithmetic.make_group(config, task, fraction(config, task),
-                                _members(config, task, ("mask", *DERIVED)))
+  group = _group(config, task, ("mask", *DERIVED))
   base, hand_NN = group.task, ad.alignment_NN(spec)
 
   def pattern(member) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Arithmetic: tokens, splits, the alignment prior, greedy decoding, metrics, the decoder,
 the schemes on its params, and the `tiny` preset end to end."""
 
+import dataclasses
 import json
 
 import chex
@@ -227,3 +228,20 @@ def test_tiny_preset_end_to_end(tmp_path, capsys):
   assert 0 < metrics["mask"]["drift_mask"] < metrics["mask"]["drift_qk"]
   assert summary["paper"]["addition"]["mask"]["sequence_accuracy"] == 0.7749
   assert (tmp_path / "plots" / "fraction_curve.png").exists()
+
+
+def test_one_compiled_init_per_model():
+  """Every group of one model (a task's fractions, both discovery stages) shares one
+  compiled init, never another model's: a wider config gets wider params."""
+  experiment = config_lib.load_experiment("arithmetic")
+  config = config_lib.make_config(experiment, "tiny")[1]
+  spec = ar.get_task("addition", config.digits)
+  init = ar._model_init(ar.make_model(config), spec.n_tokens)
+  assert ar._model_init(ar.make_model(config), spec.n_tokens) is init
+  wide = dataclasses.replace(config, width=2 * config.width)
+  dummy_BN = jnp.zeros((1, spec.n_tokens), jnp.int32)
+  chex.assert_trees_all_equal_shapes(
+      ar._model_init(ar.make_model(wide), spec.n_tokens)(jax.random.key(0)),
+      ar.make_model(wide).init(jax.random.key(0), dummy_BN)["params"])
+  fresh = jax.jit(lambda key: ar.make_model(config).init(key, dummy_BN)["params"])
+  chex.assert_trees_all_equal(init(jax.random.key(3)), fresh(jax.random.key(3)))

@@ -122,6 +122,14 @@ def test_stage_inits_are_arithmetics_and_the_learned_arm_starts_at_m0():
   assert float(discover_stages.sparsity_pressure(learned)) == 0.5
 
 
+
+def test_persistence_false_trains_both_stages_without_the_probe():
+  """tiny's smoke test skips the persistence diagnostics; the default keeps them."""
+  for setting, probed in (("persistence=False", False), ("persistence=True", True)):
+    groups = da.build_groups(config_lib.make_config(da, "tiny", [setting])[1])
+    assert [g.probe is not None for g in groups] == [probed, probed], setting
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("discover_arith_tiny")

@@ -29,6 +29,7 @@ digits, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -389,6 +390,14 @@ def make_model(config: Config) -> TokenTransformer:
                         per_head_mask=config.per_head_mask)
 
 
+@functools.lru_cache(maxsize=None)
+def _model_init(model: TokenTransformer, n_tokens: int):
+  """key → the model's params: one compile for every group of one model (a task's
+  fractions, both discovery stages)."""
+  dummy_BN = jnp.zeros((1, n_tokens), jnp.int32)
+  return jax.jit(lambda key: model.init(key, dummy_BN)["params"])
+
+
 def task_fractions(config: Config, task: str) -> tuple[float, ...]:
   return (DEFAULT_FRACTIONS[task],) if config.fractions is None else config.fractions
 
@@ -413,8 +422,7 @@ def make_task(config: Config, spec: ArithmeticTask) -> engine.Task:
   model = make_model(config)
   prior_NN = prior(spec, config.mask_strength)
   masked = range(config.depth) if config.mask_layers is None else config.mask_layers
-  dummy_BN = jnp.zeros((1, spec.n_tokens), jnp.int32)
-  model_init = jax.jit(lambda key: model.init(key, dummy_BN)["params"])  # One compile.
+  model_init = _model_init(model, spec.n_tokens)
   weights_N = jnp.asarray(loss_weights(spec))
   start, answer_len = spec.prompt_len, spec.answer_digits
   apply = lambda params, tokens: model.apply({"params": params}, tokens)
