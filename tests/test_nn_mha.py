@@ -340,3 +340,57 @@ def test_is_a_flax_module_with_every_flax_argument():
   assert issubclass(MultiHeadDotProductAttention, nn.MultiHeadDotProductAttention)
   assert names(MultiHeadDotProductAttention) - names(nn.MultiHeadDotProductAttention) == {
       "mask_init", "learnable_mask", "per_head_mask"}
+
+
+class _Block(nn.Module):
+  """attention and an MLP, as a transformer block nests them."""
+  attention: type
+
+  @nn.compact
+  def __call__(self, x, _=None):
+    x = x + self.attention(num_heads=H, name="attn")(x)
+    return x + nn.Dense(D, name="mlp")(nn.relu(nn.Dense(2 * D, name="fc")(x))), None
+
+
+class _Stack(nn.Module):
+  """Two blocks, as two named submodules (nested dicts) or one `nn.scan` (every leaf
+  with a leading layer axis)."""
+  attention: type
+  scanned: bool
+
+  @nn.compact
+  def __call__(self, x):
+    if self.scanned:
+      scan = nn.scan(_Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                     length=2)
+      return scan(self.attention, name="layers")(x, None)[0]
+    for i in range(2):
+      x = _Block(self.attention, name=f"block_{i}")(x)[0]
+    return x
+
+
+@pytest.mark.parametrize("scanned", [False, True], ids=["nested", "scanned"])
+def test_a_checkpoint_of_a_flax_model_loads_into_the_swapped_model(tmp_path, scanned):
+  """A Linen model saved by Orbax with Flax's attention, restored without a target, loads
+  into the same model with the drop-in: every weight in place (a scanned stack's leading
+  layer axis too), each layer's mask its fresh neutral init, the outputs Flax's bit for
+  bit."""
+  x = _x(1)
+  flax_model = _Stack(nn.MultiHeadDotProductAttention, scanned)
+  flax_params = flax_model.init(jax.random.key(3), x)["params"]
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(tmp_path / "ckpt", flax_params)
+  with ocp.StandardCheckpointer() as checkpointer:
+    restored = checkpointer.restore(tmp_path / "ckpt")
+  ours = _Stack(MultiHeadDotProductAttention, scanned)
+  fresh = ours.init(jax.random.key(0), x)["params"]
+  params = mpx.merge_params(fresh, restored)
+  masks = ([params["layers"]["attn"]["mask_logits"]] if scanned else
+           [params[f"block_{i}"]["attn"]["mask_logits"] for i in range(2)])
+  for mask in masks:
+    assert mask.shape == ((2, H, N, N) if scanned else (H, N, N))
+    np.testing.assert_array_equal(mask, np.broadcast_to(priors.neutral(N, H), mask.shape))
+  assert not np.allclose(ours.apply({"params": fresh}, x), flax_model.apply(
+      {"params": flax_params}, x))
+  np.testing.assert_array_equal(ours.apply({"params": params}, x),
+                                flax_model.apply({"params": flax_params}, x))

@@ -430,6 +430,42 @@ def test_a_checkpoint_with_a_layer_list_loads_into_the_drop_in(tmp_path, saved_a
     np.testing.assert_array_equal(block.mask_logits[...], priors.neutral(N, H))
 
 
+
+class _Scanned(nnx.Module):
+  """Layers created under `nnx.vmap` (every leaf with a leading layer axis) and applied
+  with `nnx.scan`: NNX's pattern for deep models."""
+
+  def __init__(self, attention, depth=2, seed=0):
+    @nnx.split_rngs(splits=depth)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create(rngs):
+      return attention(rngs=rngs)
+    self.layers = create(nnx.Rngs(seed))
+
+  def __call__(self, x):
+    @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+    def step(layer, x):
+      return x + layer(x)
+    return step(self.layers, x)
+
+
+def test_a_checkpoint_of_scanned_layers_loads_into_the_drop_in(tmp_path):
+  """A scanned stack's state, saved by Orbax and restored without a target, loads with
+  its leading layer axis: every weight in place, each layer's mask its neutral init."""
+  flax_model = _Scanned(functools.partial(nnx.MultiHeadAttention, H, F, decode=False))
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(tmp_path / "ckpt", nnx.state(flax_model, nnx.Param))
+  with ocp.StandardCheckpointer() as checkpointer:
+    restored = checkpointer.restore(tmp_path / "ckpt")
+  ours = _Scanned(functools.partial(mpx.nnx.MultiHeadAttention, H, F, decode=False,
+                                    num_tokens=N), seed=9)
+  x = _x(1)
+  assert not np.allclose(ours(x), flax_model(x))
+  _load(ours, restored)
+  np.testing.assert_array_equal(ours(x), flax_model(x))
+  np.testing.assert_array_equal(ours.layers.mask_logits[...],
+                                np.broadcast_to(priors.neutral(N, H), (2, H, N, N)))
+
 def test_keys_that_differ_only_in_type_are_named():
   fresh = {"blocks": {0: {"w": np.zeros(2)}, "0": {"w": np.zeros(2)}}}
   with pytest.raises(ValueError, match="differ only in type"):
