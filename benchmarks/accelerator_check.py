@@ -71,7 +71,8 @@ from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import engine, memory, optim  # noqa: E402
 from mpx.sweep import run as run_lib  # noqa: E402
 from mpx.sweep.data import DeviceData, EvalData  # noqa: E402
-from mpx.tasks import boolean, boolean_gotu, language, vision  # noqa: E402
+from mpx.tasks import boolean, language, vision  # noqa: E402
+from mpx.tasks.boolean import gotu as boolean_gotu
 
 JSON_FILE, MARKDOWN_FILE = "accelerator_check.json", "accelerator_check.md"
 CALL_LIMIT_S = 600  # One device command's limit: what "fits one call" means.

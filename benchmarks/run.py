@@ -3,7 +3,7 @@
     python benchmarks/run.py                    # both scales, K = 1, 4, 16 (see README for time)
     python benchmarks/run.py --scales quick --members 1 4 16 --steps 32
     python benchmarks/run.py --quick-check      # smoke run: seconds per row, no targets claimed
-    python benchmarks/run.py --write            # also put the tables into benchmarks/README.md
+    python benchmarks/run.py --write            # also write them to RESULTS (the docs quote it)
 
 Rows: mpx's vmapped group (`engine.make_train_chunk`, K members in one program), a loop
 of single-member jitted steps (quick scale: what a user without the member axis runs),
@@ -23,6 +23,7 @@ import os
 import pathlib
 import platform
 import re
+import subprocess
 import sys
 import time
 
@@ -38,12 +39,11 @@ import chunk_timing  # noqa: E402
 import torch_reference  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import engine, optim  # noqa: E402
-from mpx.tasks import boolean_gotu  # noqa: E402
+from mpx.tasks.boolean import gotu as boolean_gotu  # noqa: E402
 from mpx.tasks import boolean  # noqa: E402
 
-README = ROOT / "benchmarks" / "README.md"
+RESULTS = ROOT / "experiments" / "results" / "benchmark_cpu.md"
 EXPERIMENT = ROOT / "experiments" / "boolean_gotu.py"
-BEGIN, END = "<!-- run.py results: begin -->", "<!-- run.py results: end -->"
 STEPS = {"quick": 32, "paper": 4}  # Timed steps per chunk when --steps is not given.
 TARGETS = {"paper_vs_torch": 1.5, "paper_peak": 0.60, "quick_vmap_vs_loop": 4.0}
 TARGET_LABELS = {"paper_vs_torch": "paper: mpx (best K) / PyTorch, member-steps/s",
@@ -89,8 +89,17 @@ def machine_lines() -> list[str]:
       f"{', '.join(str(d) for d in jax.devices())}), flax {flax.__version__}",
       f"- torch {torch.__version__}, {torch_reference.num_threads()} thread(s)",
       f"- XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
-      f"{datetime.datetime.now().isoformat(timespec='minutes')}",
+      f"{datetime.datetime.now().isoformat(timespec='minutes')}; commit {commit()}",
   ]
+
+
+def commit() -> str:
+  """The checkout's commit, "+ changes" when tracked files differ from it: which code the
+  figures measured."""
+  git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True,
+                                  text=True).stdout.strip()
+  head = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
+  return head + (" + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 
@@ -329,16 +338,10 @@ def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool) -> s
   return "\n".join(lines)
 
 
-def write_readme(text: str, path: pathlib.Path = README) -> None:
-  """Replaces the text between the results markers of the README (appends them if absent)."""
-  body = path.read_text() if path.exists() else ""
-  block = f"{BEGIN}\n{text}\n{END}"
-  if BEGIN in body and END in body:
-    head, rest = body.split(BEGIN, 1)
-    body = head + block + rest.split(END, 1)[1]
-  else:
-    body = body.rstrip("\n") + "\n\n## Results of `run.py`\n\n" + block + "\n"
-  path.write_text(body)
+def write_results(text: str, path: pathlib.Path = RESULTS) -> None:
+  """The report as the results file that docs/performance.md quotes (replaced whole)."""
+  path.write_text("# `benchmarks/run.py`: mpx against PyTorch and the matmul peak (CPU)\n\n"
+                  + text + "\n")
 
 
 # --------------------------------------------------------------------------- main
@@ -358,7 +361,8 @@ def parse_args(argv):
   parser.add_argument("--matmul-sizes", type=int, nargs="+", default=[1024, 2048])
   parser.add_argument("--quick-check", action="store_true",
                       help="smoke run: quick scale, K = 1 and 2, 2 steps, 1 torch seed")
-  parser.add_argument("--write", action="store_true", help="write the tables to README.md")
+  parser.add_argument("--write", action="store_true",
+                      help=f"write the report to {RESULTS.relative_to(ROOT)}")
   args = parser.parse_args(argv)
   if args.quick_check:
     args.scales, args.members, args.steps, args.repeats = ["quick"], [1, 2], 2, 1
@@ -397,8 +401,8 @@ def main(argv=None):
   text = report(rows, peaks, torch_peaks, machine, params, command.strip(), args.quick_check)
   print("\n" + text)
   if args.write:
-    write_readme(text)
-    print(f"\nwrote {README.relative_to(ROOT)}")
+    write_results(text)
+    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

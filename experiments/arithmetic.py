@@ -17,7 +17,7 @@ the 10^6 problems and 5.01% → 69.49% for multiplication at 3%, QK-SVD and QK-O
 between. Measured fraction sweeps and both answer formats:
 experiments/results/arithmetic_quick.md.
 
-The paper gives no more of the setup; mpx's (see mpx/tasks/arithmetic.py): character
+The paper gives no more of the setup; mpx's (see mpx/tasks/arithmetic/task.py): character
 tokens `^123+045=0168$`, a GPT-style causal decoder (`mpx.nn.causal_decoder`) trained with
 next-token loss on the answer digits and END, the digit-alignment prior (answer digit p
 reads the operand digits that determine it) composed with the causal mask, and greedy

@@ -49,7 +49,7 @@ learns nothing: it checks the files, not the hypothesis.
 
 Presets: boolean_gotu's `quick` and `cpu` (model, lr 1e-3, epochs) with schemes default and
 mask and these tasks; `tiny` is a smoke test. The family code (model, priors, member
-Task) is `mpx.tasks.boolean_gotu`; this file adds the tasks, the prediction and the report.
+Task) is `mpx.tasks.boolean.gotu`; this file adds the tasks, the prediction and the report.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ from mpx.experiments.boolean_gotu import METRICS as GOTU_METRICS
 from mpx.experiments.boolean_gotu import PRESETS as GOTU_PRESETS
 from mpx.experiments.boolean_gotu import (Config, build_groups,  # noqa: F401 (the experiment's)
                                           fingerprint)
-from mpx.tasks import boolean, boolean_coverage
+from mpx.tasks import boolean
+from mpx.tasks.boolean import coverage as boolean_coverage
 
 NAME = "boolean_coverage"  # `mpx run boolean_coverage`; also as mpx.experiments.boolean_coverage.
 

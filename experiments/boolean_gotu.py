@@ -25,13 +25,13 @@ experiments/results/boolean_search.md for what the search measured.
 Members of one task form one compiled group: every scheme and seed trains in one vmapped
 program. The model is the GOTU code's TokenTransformer with PyTorch-default init; Adam
 with coupled L2, batch 256, the epoch protocol (a fresh permutation per epoch). The
-family code (model, priors, designs, the member Task) is `mpx.tasks.boolean_gotu`; this
+family code (model, priors, designs, the member Task) is `mpx.tasks.boolean.gotu`; this
 file is the experiment's record.
 """
 
 from __future__ import annotations
 
-from mpx.tasks.boolean_gotu import (SELECTION_NOTE, VALIDATION, Config,  # noqa: F401
+from mpx.tasks.boolean.gotu import (SELECTION_NOTE, VALIDATION, Config,  # noqa: F401
                                     SEARCH_DESIGNS, fingerprint, make_group, members)
 
 NAME = "boolean_gotu"  # `mpx run boolean_gotu`; also when imported as mpx.experiments.boolean_gotu.

@@ -35,7 +35,7 @@ derives the patterns again from stage 1's checkpoint.
 Fixed before any test accuracy of this experiment was looked at, and not tuned after:
 the sparsity 0.1, the mask learning rate ×10 and the threshold σ(M) > 1/2 are
 discover_prior's (fixed there on a planted Boolean function); the rows rule and the
-scoring rule are the hand-written prior's own form (mpx/tasks/arithmetic_discover.py says
+scoring rule are the hand-written prior's own form (mpx/tasks/arithmetic/discover.py says
 why).
 
 Presets: `quick` is arithmetic's quick preset (2 layers × width 32, 2 heads of 16, MLP 64,
@@ -73,7 +73,8 @@ from mpx import checkpoint, report as report_lib, schemes
 from mpx.nn import greedy_decode
 from mpx.experiments.arithmetic import PRESETS as ARITHMETIC_PRESETS
 from mpx.sweep import engine
-from mpx.tasks import arithmetic, arithmetic_discover as ad, discover_stages
+from mpx.tasks import arithmetic, discover_stages
+from mpx.tasks.arithmetic import discover as ad
 
 NAME = "discover_arithmetic"  # `mpx run discover_arithmetic`.
 

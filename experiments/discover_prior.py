@@ -15,7 +15,7 @@ Two stages per task, each one compiled group, trained in turn in one run folder:
               with gradient 1/2), `sparsity` · mean σ(M) added to the loss, the mask's
               learning rate × `discover_mask_lr_multiplier`: route (a)'s model.
   stage 2 (group TASK-stage2) reads stage 1's final checkpoint from the run folder
-    (`mpx.tasks.boolean_discover`): route (a) the learned member's masks, σ(M) above
+    (`mpx.tasks.boolean.discover`): route (a) the learned member's masks, σ(M) above
     `mask_threshold` in any layer and head; route (b) the default member's output on the
     whole cube, Fourier coefficients above `fourier_threshold` of the largest, per seed.
     Each graph becomes a ±mask_strength prior in every layer (`priors.from_interactions`:
@@ -71,9 +71,11 @@ from mpx import priors, report as report_lib, schemes
 from mpx.experiments.boolean_gotu import PRESETS as GOTU_PRESETS
 from mpx.sweep import engine, evaluate, optim
 from mpx.sweep.data import DeviceData, EvalData
-from mpx.tasks import (boolean, boolean_discover, boolean_fourier, boolean_gotu as gotu,
-                       discover_stages)
-from mpx.tasks.boolean_discover import InteractionGraph
+from mpx.tasks import boolean, discover_stages
+from mpx.tasks.boolean import discover as boolean_discover
+from mpx.tasks.boolean import fourier as boolean_fourier
+from mpx.tasks.boolean import gotu
+from mpx.tasks.boolean.discover import InteractionGraph
 
 NAME = "discover_prior"  # `mpx run discover_prior`; also as mpx.experiments.discover_prior.
 

@@ -12,7 +12,7 @@ mask prior over the default on WikiText-2 and TinyStories (no numbers given). Ex
 Schemes: default (learned absolute positions), alibi (ALiBi as a fixed bias, no absolute
 positions), mask (ALiBi's causal distance bias as a learnable mask prior, `M = logit(e^(−m_h
 (i−j)))`, slopes 2^(−8h/H), with learned positions), mask_nopos (the same prior without
-absolute positions). Data: `mpx.tasks.text` reads WikiText-2 (`wikitext-2-raw-v1`,
+absolute positions). Data: `mpx.tasks.language.text` reads WikiText-2 (`wikitext-2-raw-v1`,
 `wiki.{train,valid,test}.raw`) and TinyStories from `data_dir`: the paper's V1
 (`TinyStories-{train,valid}.txt` or the Hugging Face hub's parquet files; `--set
 dataset=tinystories_v2` reads V2, `tinystories_all` the JSON shards); a missing dataset
@@ -27,7 +27,8 @@ loss, which is not comparable across tokenizers: compare bits per byte.
 
 from __future__ import annotations
 
-from mpx.tasks import language, text
+from mpx.tasks import language
+from mpx.tasks.language import text
 from mpx.tasks.language import SELECTION_NOTE, VALIDATION, Config  # noqa: F401
 
 NAME = "language"  # `mpx run language`; also when imported as mpx.experiments.language.

@@ -19,7 +19,7 @@ Data: TFDS `cifar10`, `cifar100`, and ImageNet-100 (`imagenet2012` filtered to t
 in array_record format: `tfds build cifar10 --file_format=array_record --data_dir=DIR`,
 then `export TFDS_DATA_DIR=DIR` or `--set data_dir=DIR`; a missing dataset prints the exact
 steps. The family code is `mpx.tasks.vision` (schemes: `mpx.schemes.apply_vision_scheme`;
-host pipeline: `mpx.tasks.image_data`; augmentations: `mpx.tasks.augment`); this file is
+host pipeline: `mpx.tasks.vision.data`; augmentations: `mpx.tasks.vision.augment`); this file is
 the record. One group per (dataset, fraction): every scheme and seed in one compiled
 program, each seed on its own data stream (shared by its schemes); the paper-scale presets
 map the members one at a time (`members_per_call=1`: a ViT-Tiny member needs 37–52 GB),

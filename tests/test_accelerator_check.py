@@ -27,7 +27,8 @@ import mpx.experiments.boolean_gotu as gotu_experiment
 from mpx import attention as attention_lib
 from mpx.sweep import config as config_lib
 from mpx.sweep import memory
-from mpx.tasks import boolean, boolean_gotu
+from mpx.tasks import boolean
+from mpx.tasks.boolean import gotu as boolean_gotu
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "accelerator_check.py"

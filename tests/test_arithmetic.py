@@ -13,7 +13,7 @@ import pytest
 from mpx import cli, schemes
 from mpx.sweep import config as config_lib
 from mpx.nn import causal_decoder, greedy_decode
-from mpx.tasks import arithmetic as ar
+from mpx.tasks.arithmetic import task as ar
 
 FORMATS = [(name, reverse) for name in ar.TASKS for reverse in (True, False)]
 

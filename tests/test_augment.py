@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mpx.tasks import augment
+from mpx.tasks.vision import augment
 
 H, W = 10, 25  # non-square, as TFDS's mock ImageNet images
 

@@ -12,7 +12,7 @@ import mpx.experiments.boolean_coverage as cov
 import mpx.experiments.boolean_gotu as gotu
 from mpx.sweep import config as config_lib
 from mpx.tasks import boolean
-from mpx.tasks import boolean_gotu as family
+from mpx.tasks.boolean import gotu as family
 
 
 def _prediction(name):

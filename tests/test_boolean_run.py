@@ -56,7 +56,7 @@ def test_plots_include_heatmaps_and_degree_profiles(tiny_run):
 def test_cudnn_attention_is_refused_until_measured_right(monkeypatch):
   """cuDNN attention under the engine's vmap gave NaN losses on an H200 (jax 0.11.2):
   a run asking for it stops before any compile, naming the measurement and the fix."""
-  from mpx.tasks import boolean_gotu
+  from mpx.tasks.boolean import gotu as boolean_gotu
   monkeypatch.delenv("MPX_MEASURE_CUDNN", raising=False)
   with pytest.raises(ValueError, match=r"accelerator_check_h200.*attention=reference"):
     boolean_gotu.Config(attention="cudnn")

@@ -12,7 +12,7 @@ from mpx import attention, priors, schemes
 from mpx.nn import TokenTransformer
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine
-from mpx.tasks import boolean_gotu as family
+from mpx.tasks.boolean import gotu as family
 from mpx.tasks import boolean
 
 EXPERIMENT = config_lib.load_experiment(

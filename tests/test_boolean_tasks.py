@@ -6,7 +6,9 @@ import chex
 import numpy as np
 import pytest
 
-from mpx.tasks import boolean, boolean_coverage, boolean_fourier
+from mpx.tasks import boolean
+from mpx.tasks.boolean import coverage as boolean_coverage
+from mpx.tasks.boolean import fourier as boolean_fourier
 
 N = 15
 CUBE = 2**N

@@ -1,4 +1,4 @@
-"""Discovering a Boolean task's interaction graph (`mpx.tasks.boolean_discover`) and the
+"""Discovering a Boolean task's interaction graph (`mpx.tasks.boolean.discover`) and the
 prior built from it (`mpx.priors.from_interactions`).
 
 The learnable neutral init the mask route starts from is standard attention to float
@@ -16,9 +16,11 @@ import mpx.experiments.boolean_coverage  # noqa: F401 (registers the cov_* tasks
 import mpx.experiments.discover_prior as dp
 from mpx import priors, report
 from mpx.sweep import engine, evaluate, run
-from mpx.tasks import boolean, boolean_fourier
-from mpx.tasks import boolean_discover as bd, discover_stages
-from mpx.tasks import boolean_gotu
+from mpx.tasks import boolean
+from mpx.tasks.boolean import fourier as boolean_fourier
+from mpx.tasks import discover_stages
+from mpx.tasks.boolean import discover as bd
+from mpx.tasks.boolean import gotu as boolean_gotu
 
 G = bd.InteractionGraph
 

@@ -1,5 +1,5 @@
 """Discovering the digit alignment of addition: the readout, the rows rule, the score and
-the control on planted patterns (`mpx.tasks.arithmetic_discover`), and the
+the control on planted patterns (`mpx.tasks.arithmetic.discover`), and the
 discover_arithmetic experiment end to end at the `tiny` preset (stage 2 reads stage 1's
 checkpoint, fresh and on a resume). `tiny` learns nothing: it checks the plumbing."""
 
@@ -14,7 +14,8 @@ import mpx.experiments.discover_arithmetic as da
 from mpx import checkpoint
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, run
-from mpx.tasks import arithmetic, arithmetic_discover as ad, discover_stages
+from mpx.tasks import arithmetic, discover_stages
+from mpx.tasks.arithmetic import discover as ad
 
 SPEC = arithmetic.get_task("addition", 3, reverse_answer=False)  # The quick run's format.
 N = SPEC.n_tokens

@@ -15,7 +15,9 @@ import mpx.experiments.discover_prior as dp
 from mpx import checkpoint, priors
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, run
-from mpx.tasks import boolean, boolean_discover as bd, boolean_gotu as gotu
+from mpx.tasks import boolean
+from mpx.tasks.boolean import discover as bd
+from mpx.tasks.boolean import gotu
 from mpx.tasks import discover_stages
 
 

@@ -44,7 +44,8 @@ def test_the_jitted_boolean_init_is_the_eager_init():
   eager init's to the last bit (the quick preset's numbers were measured on those)."""
   import jax
   import jax.numpy as jnp
-  from mpx.tasks import boolean, boolean_gotu
+  from mpx.tasks import boolean
+  from mpx.tasks.boolean import gotu as boolean_gotu
   experiment = config_lib.load_experiment("boolean_gotu")
   _, config = config_lib.make_config(experiment, "tiny")
   (member,) = [m for m in boolean_gotu.members(config, "2parity") if m.scheme == "default"]

@@ -1,4 +1,4 @@
-"""mpx.tasks.image_data: TFDS sources (mocked, no TensorFlow), the ImageNet-100 subset and
+"""mpx.tasks.vision.data: TFDS sources (mocked, no TensorFlow), the ImageNet-100 subset and
 its index cache, seeded resumable batches, and the messages for a missing dataset.
 
 ImageNet-100 runs on `mock_data(as_data_source_fn=...)`: the test picks every record's
@@ -17,9 +17,9 @@ tfds = pytest.importorskip("tensorflow_datasets")
 pytest.importorskip("grain")
 
 from mpx.sweep.data import ChunkFeeder, Stream  # noqa: E402
-from mpx.tasks import image_data  # noqa: E402
+from mpx.tasks.vision import data as image_data  # noqa: E402
 
-CMC_FILE = Path(image_data.__file__).parent / "data" / "imagenet100_cmc.txt"
+CMC_FILE = Path(image_data.__file__).parents[1] / "data" / "imagenet100_cmc.txt"
 
 
 @pytest.fixture(autouse=True)

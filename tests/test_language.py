@@ -16,7 +16,8 @@ from mpx import attention, cli, priors, report, schemes
 from mpx.nn import causal_decoder
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, run
-from mpx.tasks import language, text
+from mpx.tasks import language
+from mpx.tasks.language import text
 
 EXPERIMENT = config_lib.load_experiment("language")
 TINY = language.Config(**EXPERIMENT.PRESETS["tiny"])

@@ -13,7 +13,8 @@ import pytest
 
 from mpx import diagnostics
 from mpx.sweep import config as config_lib
-from mpx.tasks import arithmetic, boolean_gotu
+from mpx.tasks import arithmetic
+from mpx.tasks.boolean import gotu as boolean_gotu
 from mpx.tasks import boolean
 
 ROOT = pathlib.Path(__file__).parents[1] / "experiments"

@@ -9,7 +9,8 @@ import mpx.experiments.boolean_gotu as gotu
 from mpx import cli
 from mpx.sweep import config as config_lib
 from mpx.sweep import select
-from mpx.tasks import boolean, boolean_gotu
+from mpx.tasks import boolean
+from mpx.tasks.boolean import gotu as boolean_gotu
 
 CRITERIA = (("val_accuracy", "max"), ("val_loss", "min"))
 

@@ -1,4 +1,4 @@
-"""mpx.tasks.text: the embedded KJV splits, WikiText-2 and TinyStories from generated files
+"""mpx.tasks.language.text: the embedded KJV splits, WikiText-2 and TinyStories from generated files
 in each published layout, the messages for a missing dataset, the byte and BPE tokenizers,
 token streams and training windows."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpx.tasks import text
+from mpx.tasks.language import text
 
-KJV_FILE = Path(text.__file__).parent / "data" / "kjv.txt.xz"
+KJV_FILE = Path(text.__file__).parents[1] / "data" / "kjv.txt.xz"
 
 WIKI_LINES = {
     "train": [" \n", " = Valkyria Chronicles III = \n", " \n",

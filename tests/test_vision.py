@@ -19,7 +19,7 @@ from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import EvalData, Stream, engine, run  # noqa: E402
 from mpx.sweep import evaluate as evaluate_lib  # noqa: E402
 from mpx.sweep.data import ChunkFeeder  # noqa: E402
-from mpx.tasks import vision  # noqa: E402
+from mpx.tasks.vision import task as vision  # noqa: E402
 from test_image_data import _fake_imagenet, _records  # noqa: E402
 
 EXPERIMENT = config_lib.load_experiment("vision")

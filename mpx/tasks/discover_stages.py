@@ -5,7 +5,7 @@ Stage 1 trains, next to the plain model, a `learned` arm: the learnable neutral 
 `sparsity · mean σ(M)` in the loss. Stage 2 reads stage 1's final checkpoint from the run
 folder and trains fresh models with what it found. What the masks are read into (a
 Boolean interaction graph, an arithmetic attention pattern) is the family's
-(`boolean_discover`, `arithmetic_discover`); the pieces here are what both experiments
+(`boolean.discover`, `arithmetic.discover`); the pieces here are what both experiments
 (experiments/discover_prior.py, experiments/discover_arithmetic.py) need alike.
 """
 

@@ -9,8 +9,8 @@ causal past. Here it is discovered instead:
 
   readout (`open_from_masks`): a model trained from the learnable neutral mask `M = 0`
     under a sparsity pressure on σ(M) (`discover_stages`); an entry whose σ(M) ends above
-    its initial value σ(0) = 1/2 in any layer and head is open. 1/2 is boolean_discover's
-    `MASK_THRESHOLD`, fixed on a planted Boolean function before any arithmetic accuracy
+    its initial value σ(0) = 1/2 in any layer and head is open. 1/2 is the Boolean
+    discovery's `MASK_THRESHOLD`, fixed on a planted Boolean function before any arithmetic accuracy
     was measured; nothing here is tuned on test accuracy.
   prior (`prior_pattern_NN`): the rows rule of the hand-written prior. The rows that
     predict an answer digit (`arithmetic.answer_rows_N`) read what was found on them, and
@@ -37,7 +37,7 @@ import numpy as np
 
 from mpx import priors
 from mpx.tasks import arithmetic
-from mpx.tasks.boolean_discover import MASK_THRESHOLD
+from mpx.tasks.boolean.discover import MASK_THRESHOLD
 
 
 

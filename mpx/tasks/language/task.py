@@ -1,7 +1,7 @@
 """The language family: a causal decoder × {default, alibi, mask, mask_nopos} on a text
 corpus, and the member-level `Task` the sweep engine trains.
 
-The corpus is tokenized once (`mpx.tasks.text`: bytes, or a BPE trained on the training
+The corpus is tokenized once (`mpx.tasks.language.text`: bytes, or a BPE trained on the training
 split and saved with the run), packed into `[S, N + 1]` windows held once on the device
 and shared by every member (`DeviceData`; each member draws its own epoch order). The
 metric is token-level validation perplexity with the tokenizer named, plus bits per byte
@@ -26,7 +26,7 @@ from mpx.nn.decoder import causal_decoder
 from mpx.nn.transformer import TokenTransformer
 from mpx.sweep import engine, optim
 from mpx.sweep.data import DeviceData, EvalData
-from mpx.tasks import text
+from mpx.tasks.language import text
 from mpx.tasks.common import PriorConfig
 
 DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}

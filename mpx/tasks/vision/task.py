@@ -1,11 +1,11 @@
 """The vision family: ViT-Tiny on an image set × {default, mimetic, impulse_svd,
 impulse_opt, mask}, and the member-level `Task` the sweep engine trains.
 
-Data is a host `Stream` (`mpx.tasks.image_data`: tfds.data_source + grain, every batch a
+Data is a host `Stream` (`mpx.tasks.vision.data`: tfds.data_source + grain, every batch a
 function of (seed, step)), one per seed: a seed's schemes train on the same batches (paired
 comparisons), the seeds on independent orders and augmentations. Augmentations that need
 no per-member randomness run on the host (crop, flip, RandAugment, random erasing:
-`mpx.tasks.augment`), mixup/cutmix and label smoothing run inside the member's loss from
+`mpx.tasks.vision.augment`), mixup/cutmix and label smoothing run inside the member's loss from
 its own key, so the members of one vmapped program mix differently. `digits` is the
 embedded set: the 8×8 handwritten digits scikit-learn ships (no download).
 """
@@ -24,7 +24,9 @@ from mpx import priors, schemes
 from mpx.nn.vit import ViT, grid_size, n_tokens
 from mpx.sweep import engine, optim
 from mpx.sweep.data import EvalData, Stream
-from mpx.tasks import augment, common, image_data
+from mpx.tasks import common
+from mpx.tasks.vision import augment
+from mpx.tasks.vision import data as image_data
 from mpx.tasks.common import PriorConfig
 
 DATASETS = ("digits",) + tuple(image_data.DATASETS)

@@ -57,7 +57,7 @@ _READ_CHUNK = 1 << 24  # characters per read of a TinyStories text file
 
 _DATASET_SPLITS = {"kjv": SPLITS, "wikitext2": SPLITS} | {
     d: SPLITS[:2] for d in TINYSTORIES}
-_KJV_FILE = Path(__file__).parent / "data" / "kjv.txt.xz"
+_KJV_FILE = Path(__file__).parents[1] / "data" / "kjv.txt.xz"
 
 
 def dataset_splits(dataset: str) -> tuple[str, ...]:

@@ -23,7 +23,8 @@ from mpx import priors, schemes
 from mpx.nn import TokenTransformer
 from mpx.sweep import engine, optim
 from mpx.sweep.data import DeviceData, EvalData
-from mpx.tasks import boolean, boolean_fourier
+from mpx.tasks import boolean
+from mpx.tasks.boolean import fourier
 from mpx.tasks import common
 from mpx.tasks.common import PriorConfig
 
@@ -389,9 +390,9 @@ def make_task(config: Config, task_name: str) -> engine.Task:
   spec = boolean.get_task(task_name)
   model = make_model(config)
   masked = range(config.depth) if config.mask_layers is None else config.mask_layers
-  mdi = boolean_fourier.mdi_values(spec)
+  mdi = fourier.mdi_values(spec)
   unseen = ~spec.seen(boolean.cube(spec.n_bits))
-  monomials = boolean_fourier.task_monomials(spec)
+  monomials = fourier.task_monomials(spec)
   held_out = validation_points(spec) if config.select is not None else None
   target = boolean.make_splits(spec, 0)["test"][1]
   model_init = make_model_init(config, spec.n_bits)
@@ -423,16 +424,16 @@ def make_task(config: Config, task_name: str) -> engine.Task:
   def summarize(values, member):
     del member
     pred = np.asarray(values["pred"], np.float64)
-    metrics = boolean_fourier.function_metrics(pred, spec, mdi)
+    metrics = fourier.function_metrics(pred, spec, mdi)
     metrics["unseen_mean_output"] = float(pred[unseen].mean())
     if held_out is not None:  # Trained without these seen points: selection reads them.
       metrics["val_accuracy"] = float(np.mean(  # Sign accuracy, as `accuracy` (Cyclic3: ±1, ±3).
           np.sign(pred[held_out]) == np.sign(target[held_out])))
       metrics["val_loss"] = float(np.mean((pred[held_out] - target[held_out]) ** 2))
-    coeffs = boolean_fourier.fourier_coefficients(pred, spec.n_bits)
-    metrics["degree_profile"] = boolean_fourier.degree_profile(
+    coeffs = fourier.fourier_coefficients(pred, spec.n_bits)
+    metrics["degree_profile"] = fourier.degree_profile(
         coeffs, spec.n_bits).round(6).tolist()
-    metrics["fourier"] = {boolean_fourier.monomial_label(s):
+    metrics["fourier"] = {fourier.monomial_label(s):
                           round(float(coeffs[sum(1 << i for i in s)]), 6) for s in monomials}
     return metrics
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from mpx import priors
 from mpx.tasks.boolean import BooleanTask, check_n_bits, cube_data
-from mpx.tasks.boolean_fourier import ZERO_TOL, fourier_coefficients
+from mpx.tasks.boolean.fourier import ZERO_TOL, fourier_coefficients
 
 # Fixed before any unseen accuracy was measured (on a planted synthetic function, not on the
 # tasks reported): an entry is open when σ(M) ended above its initial value σ(0) = 1/2 ...
@@ -124,7 +124,7 @@ class InteractionGraph:
 def graph_from_coefficients(coeffs_S: np.ndarray, n_bits: int,
                             threshold: float = FOURIER_THRESHOLD, *,
                             relative: bool = True) -> InteractionGraph:
-  """The graph of a spectrum `c_S` (`boolean_fourier.fourier_coefficients` order): every
+  """The graph of a spectrum `c_S` (`fourier.fourier_coefficients` order): every
   coefficient with |c_S| >= threshold (times the largest non-constant |c_S| when
   `relative`) puts its bits in the support and makes each two of them a pair."""
   n_bits = check_n_bits(n_bits)

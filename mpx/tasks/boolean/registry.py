@@ -5,10 +5,11 @@ Tasks follow Abbe, Bengio, Lotfi, Rizk (ICML 2023): inputs x in {-1, +1}^n, a ta
 model does on the *unseen* part tells whether it learned f or collapsed to the min-degree
 interpolator (MDI), the interpolant of the seen data with the least high-degree Fourier mass.
 
-The Boolean family is four modules, one per concern: this one (tasks of the paper and of your
-own, the cube, splits), `boolean_fourier` (Fourier analysis, the MDI, function metrics),
-`boolean_coverage` (which unseen points a symmetric mask can carry over, a hypothesis) and
-`boolean_discover` (the interaction graph of a task, read from a learned mask or a learned
+The Boolean family (`mpx.tasks.boolean`, which re-exports this module) is one module per
+concern: this one (tasks of the paper and of your own, the cube, splits), `fourier`
+(Fourier analysis, the MDI, function metrics), `gotu` (the experiments' model and groups),
+`coverage` (which unseen points a symmetric mask can carry over, a hypothesis) and
+`discover` (the interaction graph of a task, read from a learned mask or a learned
 function, when it is not known).
 
 Everything here is host-side numpy. Shapes are in the names: `x_PN` is points x bits, `y_P` one

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from mpx.tasks.boolean import BooleanTask, cube_data
-from mpx.tasks.boolean_fourier import mdi_values
+from mpx.tasks.boolean.fourier import mdi_values
 
 COVERAGE_KINDS = ("sum", "window")
 
