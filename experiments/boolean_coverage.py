@@ -54,12 +54,10 @@ Task) is `mpx.tasks.boolean.gotu`; this file adds the tasks, the prediction and 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import pathlib
 import sys
-from typing import Callable
 
 import numpy as np
 
@@ -70,6 +68,7 @@ from mpx.experiments.boolean_gotu import (Config, build_groups,  # noqa: F401 (t
                                           fingerprint)
 from mpx.tasks import boolean
 from mpx.tasks.boolean import coverage as boolean_coverage
+from mpx.tasks.boolean.coverage import N_BITS, TASK_NAMES, TASKS
 
 NAME = "boolean_coverage"  # `mpx run boolean_coverage`; also as mpx.experiments.boolean_coverage.
 
@@ -78,89 +77,10 @@ PREDICTED = "accuracy_unseen_predicted"  # Added to every member by `history_met
 METRICS = tuple(GOTU_METRICS) + (PREDICTED,)
 PAPER = {}  # The paper has no such tasks.
 
-N_BITS = 15
 COVERAGE_FILE = "coverage.md"
 PREDICTED_FILE = "coverage_predicted.md"
 PLOT_FILE = "coverage.png"
 
-
-@dataclasses.dataclass(frozen=True)
-class CoverageTask:
-  """A task of this experiment: its definition and the classes the hypothesis uses.
-
-  groups / kind: the arguments of `boolean_coverage.class_coverage`; None groups = (support,), the
-    clique the mask scheme trains with (boolean_gotu's prior of a registered task).
-  """
-  name: str
-  target: Callable[[np.ndarray], np.ndarray]
-  seen: Callable[[np.ndarray], np.ndarray]
-  support: tuple[int, ...]
-  target_text: str
-  seen_text: str
-  groups: tuple[tuple[int, ...], ...] | None = None
-  kind: str = "sum"
-  integer_valued: bool = False
-
-  @property
-  def class_groups(self) -> tuple[tuple[int, ...], ...]:
-    return self.groups if self.groups is not None else (self.support,)
-
-
-def _sum(x, bits):
-  return x[:, list(bits)].sum(1)
-
-
-def _pm1(condition):
-  return np.where(condition, 1.0, -1.0).astype(np.float32)
-
-
-def _x0_or_x1(x):
-  return (x[:, 0] > 0) | (x[:, 1] > 0)
-
-
-WINDOWS = ((0, 1, 2), (1, 2, 3), (2, 3, 4))  # cov_window3: non-cyclic windows of x0..x4.
-
-
-def _window3_target(x):
-  return sum(x[:, a] * x[:, b] * x[:, c] for a, b, c in WINDOWS).astype(np.float32)
-
-
-def _window3_seen(x):
-  all_plus = np.any([np.all(x[:, list(w)] > 0, axis=1) for w in WINDOWS], axis=0)
-  return _x0_or_x1(x) & ~all_plus
-
-
-SPECS = (
-    CoverageTask("cov_parity2", lambda x: x[:, 0] * x[:, 1], _x0_or_x1, (0, 1),
-                 "x0·x1", "x0 = 1 or x1 = 1"),
-    CoverageTask("cov_andnot", lambda x: _pm1((x[:, 0] > 0) & (x[:, 1] < 0)),
-                 lambda x: ~((x[:, 0] < 0) & (x[:, 1] > 0)), (0, 1),
-                 "x0 AND NOT x1 (±1)", "not (x0 = −1 and x1 = +1)"),
-    CoverageTask("cov_parity3", lambda x: x[:, 0] * x[:, 1] * x[:, 2], _x0_or_x1, (0, 1, 2),
-                 "x0·x1·x2", "x0 = 1 or x1 = 1"),
-    CoverageTask("cov_window3", _window3_target, _window3_seen, (0, 1, 2, 3, 4),
-                 "x0x1x2 + x1x2x3 + x2x3x4",
-                 "x0 = 1 or x1 = 1, and no window is (+1, +1, +1)",
-                 groups=WINDOWS, kind="window", integer_valued=True),
-    CoverageTask("cov_majority5", lambda x: np.sign(_sum(x, range(5))),
-                 lambda x: (x[:, 3] > 0) & (x[:, 4] > 0), (0, 1, 2, 3, 4),
-                 "sign(x0 + … + x4)", "x3 = x4 = 1"),
-    CoverageTask("cov_threshold4", lambda x: _pm1(_sum(x, range(4)) > 1.5), _x0_or_x1,
-                 (0, 1, 2, 3), "sign(x0 + x1 + x2 + x3 − 1.5)", "x0 = 1 or x1 = 1"),
-    CoverageTask("cov_majority3", lambda x: np.sign(_sum(x, range(3))), _x0_or_x1, (0, 1, 2),
-                 "sign(x0 + x1 + x2)", "x0 = 1 or x1 = 1"),
-    CoverageTask("cov_majority3_hole", lambda x: np.sign(_sum(x, range(3))),
-                 lambda x: ~((x[:, 0] < 0) & (x[:, 1] < 0) & (x[:, 2] > 0)), (0, 1, 2),
-                 "sign(x0 + x1 + x2)", "not (x0 = x1 = −1 and x2 = +1)"),
-)
-TASKS = {spec.name: spec for spec in SPECS}
-TASK_NAMES = tuple(TASKS)
-
-for _spec in SPECS:  # Known by name before any Config is built (it checks task names).
-  boolean.register_task(boolean.make_task(
-      _spec.name, lambda x, f=_spec.target: np.asarray(f(x), np.float32), _spec.seen,
-      N_BITS, support=_spec.support, integer_valued=_spec.integer_valued,
-      interaction_groups=_spec.class_groups if _spec.kind == "window" else ()))
 
 PRESETS = {
     "quick": dict(GOTU_PRESETS["quick"], schemes=("default", "mask"), tasks=TASK_NAMES),

@@ -150,7 +150,7 @@ def token_labels(run_config: Mapping, task: str, n_tokens: int) -> list[str]:
   positions), or a layout of another length, gets the positions 0..N-1."""
   config, experiment = run_config.get("config", {}), run_config.get("experiment")
   names: list[str] = []
-  if experiment in ("boolean_gotu", "boolean_coverage", "discover_prior"):
+  if experiment in ("boolean_gotu", "boolean_coverage", "discover_boolean", "discover_prior"):
     names = boolean_tokens(n_tokens - 1)
   elif experiment in ("arithmetic", "discover_arithmetic"):
     from mpx.tasks import arithmetic

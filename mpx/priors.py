@@ -277,7 +277,7 @@ def from_interactions(interactions_UU: np.ndarray | jax.Array, strength: float =
   hand-written Boolean priors: the units that interact read each other, CLS reads them.
 
   For a structure that was discovered rather than known (a learned mask read out, a
-  learned function's Fourier coefficients; see `mpx.tasks.boolean.discover`).
+  learned function's Fourier coefficients; see `mpx.tasks.boolean.graphs`).
   `interactions_UU[i, j]` says that units i and j interact (either direction counts: the
   graph is symmetrised); the diagonal marks the units the target depends on at all (the
   support), and a unit in any pair is in the support too. Boolean, or scores (a pooled

@@ -17,7 +17,7 @@ pytest_plugins = ("gcs_emulator",)  # The `bucket` fixture: a GCS emulator, gs:/
 # The files that take longest (their seconds in a whole run's --durations), first: with
 # `-n auto --dist loadfile` each worker takes the next file when it is free, so the long
 # ones must not come last and leave one worker running alone.
-LONGEST_FIRST = ("test_sweep_engine.py", "test_sweep_run.py", "test_discover_prior.py",
+LONGEST_FIRST = ("test_sweep_engine.py", "test_sweep_run.py", "test_discover_boolean.py",
                  "test_resume_auto.py", "test_scheme_realisation.py", "test_language.py",
                  "test_vision.py", "test_discover_arithmetic.py", "test_vit_schemes.py",
                  "test_select.py")

@@ -12,6 +12,7 @@ import mpx.experiments.boolean_coverage as cov
 import mpx.experiments.boolean_gotu as gotu
 from mpx.sweep import config as config_lib
 from mpx.tasks import boolean
+from mpx.tasks.boolean import coverage
 from mpx.tasks.boolean import gotu as family
 
 
@@ -54,7 +55,7 @@ def test_predictions_span_zero_to_one_and_part_from_the_mdi():
 def test_the_classes_are_the_prior_the_mask_trains_with():
   # The mask joins exactly the bits that share a class group: the clique over the
   # support for the sum tasks, the bits of each window for the windowed one.
-  for spec in cov.SPECS:
+  for spec in coverage.SPECS:
     allowed = np.asarray(family.task_prior(spec.name, 4.0)) > 0
     joined = np.eye(16, dtype=bool)
     for group in spec.class_groups:
@@ -185,7 +186,7 @@ def test_run_hooks_record_the_prediction(tmp_path):
 
 
 def test_tasks_are_registered_with_their_definitions():
-  for spec in cov.SPECS:
+  for spec in coverage.SPECS:
     task = boolean.get_task(spec.name)
     x = boolean.cube(15)
     np.testing.assert_array_equal(task.target(x), np.asarray(spec.target(x), np.float32))

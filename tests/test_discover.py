@@ -1,10 +1,10 @@
-"""Discovering a Boolean task's interaction graph (`mpx.tasks.boolean.discover`) and the
+"""Discovering a Boolean task's interaction graph (`mpx.tasks.boolean.graphs`) and the
 prior built from it (`mpx.priors.from_interactions`).
 
 The learnable neutral init the mask route starts from is standard attention to float
 rounding: tests/test_priors.py::test_both_neutral_priors_are_standard_attention (the
 function) and test_frozen_neutral_never_moves_and_learnable_neutral_does (its gradient);
-tests/test_discover_prior.py checks it in the experiment's model.
+tests/test_discover_boolean.py checks it in the experiment's model.
 """
 
 import chex
@@ -12,14 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-import mpx.experiments.boolean_coverage  # noqa: F401 (registers the cov_* tasks)
-import mpx.experiments.discover_prior as dp
 from mpx import priors, report
 from mpx.sweep import engine, evaluate, run
 from mpx.tasks import boolean
 from mpx.tasks.boolean import fourier as boolean_fourier
-from mpx.tasks import discover_stages
-from mpx.tasks.boolean import discover as bd
+from mpx.tasks import discovery
+from mpx.tasks.boolean import discover as dp
+from mpx.tasks.boolean import graphs as bd
 from mpx.tasks.boolean import gotu as boolean_gotu
 
 G = bd.InteractionGraph
@@ -138,11 +137,11 @@ def test_a_mean_over_fewer_seeds_says_so():
   members = [{"task": "t", "scheme": "s", "seed": s, "hparams": {}, "diverged": False,
               "metrics": {"pair_precision": p}} for s, p in enumerate([None, 1.0, 1.0, 0.25])]
   row, = report.summarize(members, ["pair_precision"])
-  assert discover_stages.fmt_stats(row["pair_precision"], False, row["n_seeds"]) == (
+  assert discovery.fmt_stats(row["pair_precision"], False, row["n_seeds"]) == (
       "0.75 ± 0.35 (3 of 4)")
   members[0]["metrics"]["pair_precision"] = 0.5
   row, = report.summarize(members, ["pair_precision"])
-  assert discover_stages.fmt_stats(row["pair_precision"], True, 4) == "68.75 ± 32.48"
+  assert discovery.fmt_stats(row["pair_precision"], True, 4) == "68.75 ± 32.48"
 
 
 # ----------------------------------------------------------------------------- the prior
@@ -211,7 +210,7 @@ def test_both_routes_recover_a_planted_graph(planted_stage1):
   assert all(m["loss_seen"] < 0.05 for m in metrics)  # Both fit the seen data.
   pred = evaluate.eval_values(group, state.params)["pred"]
   assert bd.graph_from_function(pred[0], N_PLANTED) == PLANTED        # (b): the default.
-  masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, 1))
+  masks = discovery.mask_logits_LHNN(engine.unstack(state.params, 1))
   chex.assert_shape(masks, (2, 2, N_PLANTED + 1, N_PLANTED + 1))
   assert bd.graph_from_masks(masks) == PLANTED                         # (a): the mask.
   # The pressure closed what the task does not use: irrelevant bits (x4.., tokens 5..)

@@ -1,5 +1,5 @@
 """Discovering the digit alignment of addition: the readout, the rows rule, the score and
-the control on planted patterns (`mpx.tasks.arithmetic.discover`), and the
+the control on planted patterns (`mpx.tasks.arithmetic.patterns`), and the
 discover_arithmetic experiment end to end at the `tiny` preset (stage 2 reads stage 1's
 checkpoint, fresh and on a resume). `tiny` learns nothing: it checks the plumbing."""
 
@@ -14,8 +14,9 @@ import mpx.experiments.discover_arithmetic as da
 from mpx import checkpoint
 from mpx.sweep import config as config_lib
 from mpx.sweep import engine, run
-from mpx.tasks import arithmetic, discover_stages
-from mpx.tasks.arithmetic import discover as ad
+from mpx.tasks import arithmetic, discovery
+from mpx.tasks.arithmetic import discover as study
+from mpx.tasks.arithmetic import patterns as ad
 
 SPEC = arithmetic.get_task("addition", 3, reverse_answer=False)  # The quick run's format.
 N = SPEC.n_tokens
@@ -108,7 +109,7 @@ def test_stage_inits_are_arithmetics_and_the_learned_arm_starts_at_m0():
       "addition", config.digits, reverse_answer=config.reverse_answer))
   by_arm = {m.scheme: m for g in (stage1, stage2) for m in g.members}
   # The same members as `mpx run arithmetic` trains (hparams, labels, seeds).
-  theirs = arithmetic.members(config, "addition", da.fraction(config, "addition"))
+  theirs = arithmetic.members(config, "addition", study.fraction(config, "addition"))
   for arm in ("default", "mask"):
     assert [m for m in stage1.members + stage2.members if m.scheme == arm] == [
         m for m in theirs if m.scheme == arm]
@@ -119,8 +120,8 @@ def test_stage_inits_are_arithmetics_and_the_learned_arm_starts_at_m0():
     for a, b in zip(*(jax.tree_util.tree_leaves(t) for t in (got, want))):
       np.testing.assert_array_equal(a, b)
   learned = stage1.task.init(by_arm["learned"])
-  np.testing.assert_array_equal(discover_stages.mask_logits_LHNN(learned), 0.0)
-  assert float(discover_stages.sparsity_pressure(learned)) == 0.5
+  np.testing.assert_array_equal(discovery.mask_logits_LHNN(learned), 0.0)
+  assert float(discovery.sparsity_pressure(learned)) == 0.5
 
 
 
@@ -159,7 +160,7 @@ def test_the_tiny_run_trains_both_stages_from_the_discovered_pattern(tiny_run):
     assert ckpt.latest_step() == stage1.steps
     state, _ = ckpt.restore_host(engine.init_state(stage1))
   assert [m.scheme for m in stage1.members] == ["default", "learned"]
-  masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, 1))
+  masks = discovery.mask_logits_LHNN(engine.unstack(state.params, 1))
   assert np.abs(masks).max() > 0.01  # Trained away from M = 0.
   open_NN = (1 / (1 + np.exp(-np.asarray(masks, np.float64))) > 0.5).any((0, 1))
   found = [[i, j] for i in ANSWER_ROWS for j in range(i) if open_NN[i, j]]
@@ -195,7 +196,7 @@ def test_the_tiny_run_trains_both_stages_from_the_discovered_pattern(tiny_run):
     state2, _ = ckpt.restore_host(engine.init_state(template))
   expected = {"mask": HAND_ENTRIES, "discovered_mask": found, "random_mask": random}
   for i, member in enumerate(stage2.members):
-    masks2 = discover_stages.mask_logits_LHNN(engine.unstack(state2.params, i))
+    masks2 = discovery.mask_logits_LHNN(engine.unstack(state2.params, i))
     positive_NN = (np.asarray(masks2) > 0).all((0, 1))
     assert [[r, k] for r in ANSWER_ROWS for k in range(r) if positive_NN[r, k]] == expected[
         member.scheme], member.scheme
@@ -235,9 +236,8 @@ def test_refusals_name_the_fix(tmp_path):
   with pytest.raises(ValueError, match=r"mask_threshold=1.0 must be in \(0, 1\)"):
     config_lib.make_config(da, "tiny", ["mask_threshold=1"])
   config = config_lib.make_config(da, "tiny")[1]
-  stage1 = da.Stage1(config, "addition", da.build_groups(config)[0])
-  with pytest.raises(RuntimeError, match="run folder"):
-    stage1.patterns()
-  stage1.run_dir = tmp_path
-  with pytest.raises(RuntimeError, match="no final checkpoint"):
-    stage1.patterns()
+  for run_dir, match in ((None, "run folder"), (tmp_path, "no final checkpoint")):
+    stage2 = da.build_groups(config, run_dir=run_dir)[1]  # Its inits read stage 1.
+    derived = next(m for m in stage2.members if m.scheme == "discovered_mask")
+    with pytest.raises(RuntimeError, match=match):
+      stage2.task.init(derived)

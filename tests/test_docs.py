@@ -72,19 +72,22 @@ def _check_readme(namespace, cwd, printed):
   mse = [m["mse"] for m in namespace["metrics"]]
   assert len(mse) == 8
   assert max(mse[4:]) < 1e-3 < min(mse[:4])
-  # Discovery on the registered task: stage 2's arms trained with the graphs they read.
-  members = namespace["summary"]["members"]
-  assert [(m["task"], m["scheme"]) for m in members] == [
-      ("mine", s) for s in ("default", "learned", "discovered_mask", "discovered_fourier")]
+  # Discovery on the task: every arm but the hand-written one (no support), stage 2's
+  # trained with the graphs they read; the summary's record is discovered.json's.
+  members = {m["scheme"]: m for m in namespace["summary"]["members"]}
+  assert [(m["task"], s) for s, m in members.items()] == [
+      ("mine", s) for s in ("default", "learned", "discovered_mask", "random_mask",
+                            "discovered_fourier", "random_fourier")]
   out = namespace["out"]
   assert not out.is_relative_to(cwd)  # A temporary folder: the block runs again.
   record = json.loads((out / "discovered.json").read_text())["tasks"]["mine"]
+  assert record == namespace["summary"]["discovered"]
   assert record["truth"] == {"bits": [3, 5, 7], "pairs": [[3, 5], [3, 7], [5, 7]]}
   found = namespace["found"]
   records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
   trained = {r["scheme"]: r["graph"] for r in records if "graph" in r}
-  for member, route in zip(members[2:], ("mask", "fourier")):
-    graph = found[route]
+  for arm, route in (("discovered_mask", "mask"), ("discovered_fourier", "fourier")):
+    member, graph = members[arm], found[route]
     recall = len(set(graph["bits"]) & {3, 5, 7}) / 3  # tiny's graphs are noise: any value.
     assert trained[member["scheme"]] == {"bits": graph["bits"], "pairs": graph["pairs"]}
     assert member["metrics"]["bit_recall"] == pytest.approx(recall), (route, graph)

@@ -235,8 +235,16 @@ def available_experiments() -> list[str]:
   return sorted(names)
 
 
+# Experiments that were renamed: the old name still runs the experiment, and says so.
+RENAMED = {"discover_prior": "discover_boolean"}
+
+
 def load_experiment(name_or_path: str) -> types.ModuleType:
   """An experiment by name (`boolean_gotu`) or by path to its file."""
+  if name_or_path in RENAMED:
+    print(f"{name_or_path} is now called {RENAMED[name_or_path]}; running that.",
+          file=sys.stderr)
+    name_or_path = RENAMED[name_or_path]
   path = pathlib.Path(name_or_path)
   if path.suffix != ".py":
     candidates = [d / f"{name_or_path}.py" for d in experiment_dirs()]

@@ -34,6 +34,7 @@ from mpx.sweep import evaluate as evaluate_lib
 from mpx.sweep import memory
 from mpx.sweep import run_folder
 from mpx.sweep import select as select_lib
+from mpx.sweep import stages
 
 # `mpx run`'s exit codes: 0 done; 1 failed (an unexpected error: a traceback); 2 error
 # (a bad command line, or a config refused when it is built or traced: a one-line message);
@@ -260,6 +261,9 @@ FINGERPRINT = "fingerprint"
 def _config_differences(previous: dict, saved: dict) -> list[str]:
   """The names that differ: `experiment`/`preset`, the config keys, then the fingerprinted
   names (e.g. `fingerprint.parity3`); empty when a resume may go on."""
+  renamed = lambda record: dict(record, experiment=config_lib.RENAMED.get(
+      record.get("experiment"), record.get("experiment")))  # A folder of the old name.
+  previous, saved = renamed(previous), renamed(saved)
   keys = [k for k in ("experiment", "preset", "sweep", "traced")
           if previous.get(k) != saved.get(k)]
   old, new = previous.get("config", {}), saved.get("config", {})
@@ -450,9 +454,11 @@ def _check_selection(experiment: types.ModuleType, hparam: str, traced: dict) ->
                      f"{hparam}=logspace(1e-4,1e-2,4).")
 
 
-def _built(experiment: types.ModuleType, configs) -> list[list[engine.Group]]:
-  """The experiment's groups, once per traced value: [[group at each value], ...]."""
-  per_config = [experiment.build_groups(c) for c in configs]
+def _built(experiment: types.ModuleType, configs, run_dir=None) -> list[list[engine.Group]]:
+  """The experiment's groups, once per traced value: [[group at each value], ...]; a
+  two-stage experiment's (`stages`) with the run folder."""
+  extra = {"run_dir": run_dir} if stages.reads_run_dir(experiment.build_groups) else {}
+  per_config = [experiment.build_groups(c, **extra) for c in configs]
   if len({tuple(g.name for g in groups) for groups in per_config}) != 1:
     raise ValueError(f"{experiment.NAME}: build_groups gives other groups at other values of "
                      f"{config_lib.TRACED}; a traced field must only set members' hparams.")
@@ -544,10 +550,13 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                                  "experiment_file": getattr(experiment, "__file__", None)}
   if cfg.select is not None:
     _check_selection(experiment, cfg.select, traced)
+  if stages.reads_run_dir(experiment.build_groups):
+    stages.check_one_configuration(experiment.NAME, list(saved_config.get("sweep", {})),
+                                   list(traced))
   # Built before anything is written: a config the family refuses leaves no folder.
   mesh = engine.member_mesh(devices)
   groups = [labelled(_merged(built, mesh), labels) for labels, configs in variants
-            for built in _built(experiment, configs)]
+            for built in _built(experiment, configs, run_dir)]
   if len({g.name for g in groups}) != len(groups):
     raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
                      "each group needs its own checkpoint folder.")

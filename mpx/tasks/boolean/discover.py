@@ -1,262 +1,420 @@
-"""The interaction graph of a Boolean task when it is not known: read it from what training
-on the seen data produced, then turn it into a mask prior.
+"""Discovering a Boolean task's prior in two stages: read its interaction graph from
+training on the seen data, then train a fresh model with it as the mask
+(`experiments/discover_boolean.py` is the experiment's record, docs/discover.md the guide).
 
-A graph (`InteractionGraph`) names the bits the target depends on (its support) and the
-pairs of bits that interact. The hand-written priors encode the true graph; here it is
-discovered by one of two routes, each reading only the inputs of the cube and a model
-trained on the seen points (never a label of an unseen point):
+Stage 1 (group TASK-stage1) trains on the seen data:
+  default   the model's init, frozen neutral mask: the baseline, and route (b)'s model;
+  learned   the learnable neutral mask M = 0 in every layer and head (standard attention
+            with gradient 1/2), `sparsity` · mean σ(M) added to the loss, the mask's
+            learning rate × `discover_mask_lr_multiplier`: route (a)'s model.
+Stage 2 (group TASK-stage2) reads stage 1's final checkpoint from the run folder
+(`mpx.sweep.stages`, the graphs of `mpx.tasks.boolean.graphs`): route (a) the learned
+member's masks, σ(M) above `mask_threshold` in any layer and head; route (b) the default
+member's output on the whole cube, Fourier coefficients above `fourier_threshold` of the
+largest, per seed. Each graph becomes a ±mask_strength prior in every layer
+(`priors.from_interactions`) and trains a fresh model of the same seed, as the
+hand-written prior does:
+  mask                 the hand-written prior (gotu's `mask` scheme);
+  discovered_mask      route (a)'s graph;   random_mask      a random graph of its size;
+  discovered_fourier   route (b)'s graph;   random_fourier   a random graph of its size.
 
-  (a) the mask discovers (`graph_from_masks`): a model trained from the learnable neutral
-      mask `M = 0` (standard attention, gradient 1/2) under a sparsity pressure on σ(M).
-      The pressure closes every entry alike; an entry the task needs is pushed open against
-      it. An entry that ends above its initial value σ(0) = 1/2 (`MASK_THRESHOLD`) is read
-      as used: a bit that CLS reads is in the support, two bits of which either reads the
-      other interact (and so are in the support too, though CLS may not read them: a
-      relay). Per layer and head, and pooled (any layer, any head).
-  (b) the function reveals (`graph_from_function`): the trained model's output on the
-      whole cube (inputs only), its Fourier coefficients, and every coefficient at least
-      `FOURIER_THRESHOLD` of the largest non-constant one: its bits are in the support, and
-      every two of them interact. The cut is relative, so any function that is not
-      constant gives a graph: a model that learned nothing gives its noise's graph.
-
-`true_graph` is the same reading of the target's own spectrum (every non-zero
-coefficient), so a route that recovers the target's function recovers the true graph.
-`score` gives precision and recall of support bits and pairs; `random_like` is the
-control, a random graph of the same size. `InteractionGraph.prior` builds the mask prior
-(`mpx.priors.from_interactions`).
-
-What no route can find: a bit that the seen data holds fixed carries no information about
-the target there, so neither a mask nor the learned function has a reason to use it; and a
-model that interpolates the seen data by the min-degree interpolator shows the MDI's
-interactions, not the target's (2Parity's MDI x0 + x1 − 1 has the bits but no pair).
+The stage-2 members carry the graph they trained with and its precision / recall of
+support bits and pairs against the task's true graph (`graphs.true_graph`, the target's
+own spectrum). RUN_DIR/discovered.json holds every graph (pooled, per layer and head, per
+seed) and plots/discovered_TASK.png the true and discovered adjacencies; a graph that is
+empty trains with the neutral prior (it equals the default; `graph_empty` says so).
+`discover(task, out_dir)` runs it on a task of yours.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from typing import Iterable, Sequence
+import json
+import pathlib
+import zlib
+from typing import ClassVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from mpx import priors
-from mpx.tasks.boolean import BooleanTask, check_n_bits, cube_data
-from mpx.tasks.boolean.fourier import ZERO_TOL, fourier_coefficients
+from mpx import priors, report as report_lib, schemes
+from mpx.sweep import engine, evaluate, optim, stages
+from mpx.sweep.data import DeviceData, EvalData
+from mpx.tasks import boolean, discovery
+from mpx.tasks.boolean import fourier, gotu, graphs
+from mpx.tasks.boolean.graphs import InteractionGraph
 
-# Fixed before any unseen accuracy was measured (on a planted synthetic function, not on the
-# tasks reported): an entry is open when σ(M) ended above its initial value σ(0) = 1/2 ...
-MASK_THRESHOLD = 0.5
-# ... and a coefficient counts when |c_S| >= 0.1 max_{S != ∅} |c_S|.
-FOURIER_THRESHOLD = 0.1
+NAME = "discover_boolean"  # The experiment (`mpx run discover_boolean`).
+
+TASKS = ("2parity", "majority3", "cyclic3", "cov_parity3", "cov_majority3_hole")
+STAGE_1 = ("default", "learned")
+# Stage-2 arms whose prior comes from stage 1: (the stage-1 arm it reads, its graph).
+DERIVED = {"discovered_mask": ("learned", "mask"), "random_mask": ("learned", "random_mask"),
+           "discovered_fourier": ("default", "fourier"),
+           "random_fourier": ("default", "random_fourier")}
+ARMS = STAGE_1 + ("mask",) + tuple(DERIVED)
+SCORES = ("bit_precision", "bit_recall", "pair_precision", "pair_recall")
+DISCOVERED_FILE = "discovered.json"
+REPORT_FILE = "discovery.md"
 
 
 @dataclasses.dataclass(frozen=True)
-class InteractionGraph:
-  """The support bits of a Boolean function on `n_bits` bits and its interacting pairs.
+class Config(gotu.Config):
+  """boolean_gotu's Config (model, protocol, `mask_strength`, `mask_lr_multiplier` of every
+  stage-2 prior); `schemes` are this experiment's arms (`ARMS`).
 
-  Attributes:
-    n_bits: the input length n.
-    bits: the support, sorted; every bit of a pair is in it.
-    pairs: interacting pairs (i, j) with i < j, sorted.
+  sparsity: weight of the pressure mean σ(M) (over every mask entry of every layer) in the
+    `learned` arm's loss; it closes what the task does not hold open.
+  discover_mask_lr_multiplier: the `learned` arm's mask learning rate, × the rest's.
+  mask_threshold: route (a) reads an entry as open when σ(M) > it (1/2: above its init).
+  fourier_threshold: route (b) keeps coefficients with |c_S| >= it × max |c_S| (S ≠ ∅).
+  persistence: the persistence diagnostics at each evaluation (False: a faster smoke test).
   """
-  n_bits: int
-  bits: tuple[int, ...] = ()
-  pairs: tuple[tuple[int, int], ...] = ()
+  SCHEME_NAMES: ClassVar[tuple[str, ...]] = ARMS
+  tasks: tuple[str, ...] = TASKS
+  schemes: tuple[str, ...] = ARMS
+  sparsity: float = 0.1
+  discover_mask_lr_multiplier: float = 10.0
+  mask_threshold: float = graphs.MASK_THRESHOLD
+  fourier_threshold: float = graphs.FOURIER_THRESHOLD
+  persistence: bool = True
 
   def __post_init__(self):
-    n = check_n_bits(self.n_bits)
-    pairs = sorted({(min(int(i), int(j)), max(int(i), int(j))) for i, j in self.pairs})
-    bits = sorted({int(b) for b in self.bits} | {b for pair in pairs for b in pair})
-    if any(i == j for i, j in pairs):
-      raise ValueError(f"a pair joins two different bits; got {self.pairs!r}.")
-    if any(not 0 <= b < n for b in bits):
-      raise ValueError(f"bits must lie in 0..{n - 1}; got bits {self.bits!r}, pairs "
-                       f"{self.pairs!r}.")
-    object.__setattr__(self, "n_bits", n)
-    object.__setattr__(self, "bits", tuple(bits))
-    object.__setattr__(self, "pairs", tuple(pairs))
-
-  @classmethod
-  def from_adjacency(cls, graph_NN: np.ndarray) -> "InteractionGraph":
-    """The graph of a boolean `[n, n]` adjacency: diagonal = support, the rest = pairs
-    (either direction)."""
-    graph_NN = np.asarray(graph_NN)
-    if graph_NN.dtype != np.bool_ or graph_NN.ndim != 2 or graph_NN.shape[0] != graph_NN.shape[1]:
-      raise ValueError(f"expected a boolean [n, n] adjacency; got {graph_NN.dtype} "
-                       f"{graph_NN.shape}.")
-    sym = graph_NN | graph_NN.T
-    pairs = [(int(i), int(j)) for i, j in zip(*np.nonzero(np.triu(sym, 1)))]
-    return cls(graph_NN.shape[0], tuple(np.flatnonzero(np.diag(sym)).tolist()), tuple(pairs))
-
-  def adjacency(self) -> np.ndarray:
-    """Boolean `[n, n]`: the support on the diagonal, each pair in both directions."""
-    graph = np.zeros((self.n_bits, self.n_bits), bool)
-    graph[list(self.bits), list(self.bits)] = True
-    for i, j in self.pairs:
-      graph[i, j] = graph[j, i] = True
-    return graph
-
-  @property
-  def empty(self) -> bool:
-    """No support bit: nothing to build a prior from."""
-    return not self.bits
-
-  def prior(self, strength: float = 4.0, **options) -> jax.Array:
-    """The `[n + 1, n + 1]` mask prior of this graph (`priors.from_interactions`: CLS reads
-    the support, paired bits read each other); an empty graph raises (no structure)."""
-    return priors.from_interactions(self.adjacency(), strength, **options)
-
-  def to_json(self) -> dict:
-    """{"bits": [...], "pairs": [[i, j], ...]} (n_bits is the task's)."""
-    return {"bits": list(self.bits), "pairs": [list(p) for p in self.pairs]}
-
-  @classmethod
-  def from_json(cls, n_bits: int, data: dict) -> "InteractionGraph":
-    """Inverse of `to_json`."""
-    return cls(n_bits, tuple(data["bits"]), tuple(tuple(p) for p in data["pairs"]))
+    super().__post_init__()
+    missing = sorted({DERIVED[a][0] for a in self.schemes if a in DERIVED} - set(self.schemes))
+    if missing:
+      raise ValueError(f"schemes {self.schemes}: the discovered and random arms read stage "
+                       f"1's {missing}; add them to schemes.")
+    if not (self.sparsity >= 0 and self.discover_mask_lr_multiplier > 0):
+      raise ValueError(f"sparsity={self.sparsity} must be >= 0 and discover_mask_lr_"
+                       f"multiplier={self.discover_mask_lr_multiplier} > 0 (the mask learns).")
+    if self.designs != ("clique",):
+      raise ValueError(f"designs={self.designs}: the hand-written arm `mask` is the task's "
+                       "prior (design clique); compare designs with boolean_gotu.")
+    unknown = [t for t in self.tasks if "mask" in self.schemes and not boolean.get_task(t).support]
+    if unknown:
+      raise ValueError(f"tasks {unknown} have no support, so no hand-written prior: drop "
+                       "mask from schemes (or give make_task the support).")
+    if not 0 < self.mask_threshold < 1 or not 0 < self.fourier_threshold <= 1:
+      raise ValueError(f"mask_threshold={self.mask_threshold} must be in (0, 1) (a σ(M)) and "
+                       f"fourier_threshold={self.fourier_threshold} in (0, 1] (a share of "
+                       "the largest coefficient).")
 
 
-# ----------------------------------------------------------------------------------------------
-# Route (b) and the truth: the Fourier spectrum.
+# ----------------------------------------------------------------------------- stage 1
+
+def _group(config: Config, task: str, members: list[engine.Member]) -> engine.Group:
+  """boolean_gotu's group of `members`: its data, evaluation on the whole cube and
+  optimizer, and its persistence probe where the task has a support (the probe scores
+  attention on the task's hand-written prior). A task whose structure is unknown (no
+  support) or `persistence=False` trains the same group without the probe."""
+  spec = boolean.get_task(task)
+  if config.persistence and spec.support:
+    return gotu.make_group(config, task, members)
+  splits = {m.seed: gotu.training_split(spec, m.seed, None) for m in members}
+  if spec.protocol == "enumerate":
+    data = DeviceData(dict(zip("xy", splits[members[0].seed])), sampling="epoch")
+  else:
+    data = DeviceData({k: np.stack([splits[m.seed][i] for m in members])
+                       for i, k in enumerate("xy")}, per_member=True, sampling="epoch")
+  epochs = config.epochs if config.epochs is not None else gotu.TASK_PROTOCOL[task][1]
+  steps = epochs * (data.num_examples // config.batch_size)
+  return engine.Group(
+      name=task, members=members, task=gotu.make_task(config, task), data=data,
+      eval_data=EvalData({"x": boolean.cube(spec.n_bits)}, config.eval_points_per_call),
+      steps=steps, batch_size=config.batch_size, members_per_call=config.members_per_call,
+      optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))
 
 
-def graph_from_coefficients(coeffs_S: np.ndarray, n_bits: int,
-                            threshold: float = FOURIER_THRESHOLD, *,
-                            relative: bool = True) -> InteractionGraph:
-  """The graph of a spectrum `c_S` (`fourier.fourier_coefficients` order): every
-  coefficient with |c_S| >= threshold (times the largest non-constant |c_S| when
-  `relative`) puts its bits in the support and makes each two of them a pair."""
-  n_bits = check_n_bits(n_bits)
-  coeffs_S = np.asarray(coeffs_S, np.float64)
-  if coeffs_S.shape != (2**n_bits,):
-    raise ValueError(f"expected the 2^{n_bits} Fourier coefficients of one function; got "
-                     f"shape {coeffs_S.shape}.")
-  if not threshold > 0:
-    raise ValueError(f"threshold must be > 0; got {threshold}.")
-  size = np.abs(coeffs_S)
-  size[0] = 0.0  # The constant term involves no bit.
-  scale = size.max() if relative else 1.0
-  if scale == 0.0:
-    return InteractionGraph(n_bits)
-  masks = np.flatnonzero(size >= threshold * scale)
-  bits, pairs = set(), set()
-  for mask in masks.tolist():
-    members = [i for i in range(n_bits) if mask >> i & 1]
-    bits.update(members)
-    pairs.update(itertools.combinations(members, 2))
-  return InteractionGraph(n_bits, tuple(bits), tuple(pairs))
+def _default_init(config: Config, task: str):
+  """boolean_gotu's `default` init (the model's own, neutral frozen mask), which needs no
+  support: member → params."""
+  n_bits = boolean.get_task(task).n_bits
+  model_init, neutral = gotu.make_model_init(config, n_bits), priors.neutral(n_bits + 1)
+  return lambda member: schemes.set_masks(model_init(jax.random.key(member.seed)), neutral)
 
 
-def graph_from_function(values_P: np.ndarray, n_bits: int,
-                        threshold: float = FOURIER_THRESHOLD) -> InteractionGraph:
-  """Route (b): the graph of a function given on the whole cube (a trained model's
-  output in `boolean.cube` order), from its coefficients above `threshold` of the largest
-  non-constant one."""
-  return graph_from_coefficients(fourier_coefficients(values_P, n_bits), n_bits, threshold)
+def _stage1_group(config: Config, task: str) -> engine.Group:
+  """default and learned × seeds; the pressure is in every member's loss, where it moves
+  only a learnable mask (the default's is frozen and has zero gradient)."""
+  members = []
+  for arm in (a for a in STAGE_1 if a in config.schemes):
+    hparams = {"learning_rate": gotu_lr(config, task), "weight_decay": config.weight_decay,
+               "mask_lr_multiplier": config.discover_mask_lr_multiplier if arm == "learned"
+               else 0.0}
+    members += [engine.Member(task, arm, seed, hparams,
+                              labels={"mask_strength": config.mask_strength})
+                for seed in range(config.seeds)]
+  group = _group(config, task, members)
+  default_init = _default_init(config, task)
+  n_tokens = boolean.get_task(task).n_bits + 1
+  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
+
+  def init(member):
+    params = default_init(member)
+    if member.scheme == "learned":
+      params = discovery.learnable_masks(params, n_tokens, masked)
+    return params
+
+  task_ = discovery.with_sparsity(dataclasses.replace(group.task, init=init),
+                                        config.sparsity)
+  return dataclasses.replace(group, name=f"{task}-stage1", task=task_)
 
 
-def true_graph(task: BooleanTask) -> InteractionGraph:
-  """The task's interaction graph: every non-zero coefficient of its target (|c_S| above
-  1e-9) joins its bits. Cyclic3's windows give each bit its two neighbours on each side;
-  a clique target (parity, majority) its support clique."""
-  _, y_P, _ = cube_data(task)
-  return graph_from_coefficients(fourier_coefficients(y_P, task.n_bits), task.n_bits,
-                                 ZERO_TOL, relative=False)
+def gotu_lr(config: Config, task: str) -> float:
+  """The learning rate boolean_gotu gives the task (the config's, else its protocol's)."""
+  return config.learning_rate if config.learning_rate is not None else gotu.TASK_PROTOCOL[task][0]
 
 
-def pair_weights(coeffs_S: np.ndarray, n_bits: int) -> np.ndarray:
-  """`[n, n]` Fourier weight sum_{S ∋ i, j} c_S^2 of each pair (each bit's influence
-  sum_{S ∋ i} c_S^2 on the diagonal): how much of the function each interaction carries,
-  for figures."""
-  n_bits = check_n_bits(n_bits)
-  weight_S = np.asarray(coeffs_S, np.float64)**2
-  masks_S = np.arange(2**n_bits)
-  has_NS = np.stack([(masks_S >> i & 1).astype(bool) for i in range(n_bits)])
-  return np.einsum("is,js,s->ij", has_NS, has_NS, weight_S)
+def read_graphs(config: Config, task: str, group: engine.Group, state: engine.SweepState,
+                run_dir: pathlib.Path) -> dict[int, dict[str, InteractionGraph]]:
+  """Stage 1's final `state` read into both routes' graphs and their random controls,
+  {seed: {"mask", "random_mask", "fourier", "random_fourier": graph}}; recorded in
+  RUN_DIR/discovered.json (`stages.record`: a resume must read the same) with
+  plots/discovered_TASK.png."""
+  spec = boolean.get_task(task)
+  params_K = jax.tree_util.tree_map(jnp.asarray, state.params)
+  preds = evaluate.eval_values(group, params_K)["pred"]  # [K, 2^n], cube order.
+  truth = graphs.true_graph(spec)
+  found, record = {}, {}
+  for i, member in enumerate(group.members):
+    seed, out = member.seed, found.setdefault(member.seed, {})
+    entry = record.setdefault(str(seed), {})
+    if member.scheme == "learned":
+      masks = discovery.mask_logits_LHNN(engine.unstack(state.params, i))
+      out["mask"] = graphs.graph_from_masks(masks, config.mask_threshold)
+      entry["mask_layers"] = graphs.graphs_to_json(
+          graphs.mask_graphs(masks, config.mask_threshold))
+      entry["mask_sigma_max"] = np.round(jax.nn.sigmoid(masks.reshape(
+          (-1,) + masks.shape[-2:]).max(0)), 4).tolist()
+      route = "mask"
+    else:
+      values = np.asarray(preds[i], np.float64)
+      out["fourier"] = graphs.graph_from_function(values, spec.n_bits,
+                                                  config.fourier_threshold)
+      weights = graphs.pair_weights(fourier.fourier_coefficients(values, spec.n_bits),
+                                    spec.n_bits)
+      entry["fourier_pair_weight"] = np.round(weights / max(weights.max(), 1e-12),
+                                              4).tolist()
+      route = "fourier"
+    out[f"random_{route}"] = graphs.random_like(
+        out[route], [seed, zlib.crc32(f"{task}/{route}".encode())])
+    for name in (route, f"random_{route}"):
+      entry[name] = out[name].to_json() | graphs.score(out[name], truth)
+  data = stages.record(
+      run_dir / DISCOVERED_FILE, task,
+      {"n_bits": truth.n_bits, "truth": truth.to_json(), "seeds": record},
+      {"thresholds": {"mask": config.mask_threshold, "fourier": config.fourier_threshold}},
+      trained_with=lambda entry: {
+          seed: {g: {"bits": e[g]["bits"], "pairs": e[g]["pairs"]}
+                 for _, g in DERIVED.values() if g in e}
+          for seed, e in entry["seeds"].items()})
+  plot_discovered(task, data["tasks"][task], run_dir / "plots" / f"discovered_{task}.png")
+  return found
 
 
-# ----------------------------------------------------------------------------------------------
-# Route (a): the learned mask.
+# ----------------------------------------------------------------------------- stage 2
 
 
-def _check_masks(mask_logits, cls_token: bool) -> np.ndarray:
-  m = np.asarray(mask_logits, np.float64)
-  if m.ndim < 2 or m.shape[-1] != m.shape[-2] or m.shape[-1] < 1 + cls_token:
-    raise ValueError(f"mask logits must be [..., N, N] (layers and heads leading, N tokens "
-                     f"with CLS first); got shape {m.shape}.")
-  return m
+def _stage2_group(config: Config, task: str, stage1: stages.Reading | None
+                  ) -> engine.Group:
+  """The hand-written prior and the priors of stage 1's graphs, × seeds."""
+  arms = [a for a in ARMS if a in config.schemes and a not in STAGE_1]
+  members = []
+  for arm in arms:
+    hparams = {"learning_rate": gotu_lr(config, task), "weight_decay": config.weight_decay,
+               "mask_lr_multiplier": config.mask_lr_multiplier}
+    members += [engine.Member(task, arm, seed, hparams, design="clique" if arm == "mask" else None,
+                              labels={"mask_strength": config.mask_strength})
+                for seed in range(config.seeds)]
+  group = _group(config, task, members)
+  base, default_init = group.task, _default_init(config, task)
+  spec = boolean.get_task(task)
+  truth = graphs.true_graph(spec)
+  hand = (graphs.graph_from_open(np.asarray(gotu.task_prior(task, 1.0)) > 0)
+          if "mask" in arms else None)
+  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
+
+  def graph(member) -> InteractionGraph:
+    if member.scheme == "mask":
+      return hand
+    return stage1.value()[member.seed][DERIVED[member.scheme][1]]
+
+  def init(member):
+    if member.scheme == "mask":
+      return base.init(member)
+    found = graph(member)
+    prior = (priors.neutral(spec.n_bits + 1) if found.empty
+             else found.prior(member.labels["mask_strength"]))
+    return schemes.set_masks_per_layer(default_init(member),
+                                       {f"block_{i}": prior for i in masked})
+
+  def summarize(values, member):
+    metrics = base.summarize(values, member)
+    found = graph(member)
+    return metrics | graphs.score(found, truth) | {
+        "graph": found.to_json(), "graph_bits": len(found.bits),
+        "graph_pairs": len(found.pairs), "graph_empty": float(found.empty)}
+
+  return dataclasses.replace(group, name=f"{task}-stage2",
+                             task=dataclasses.replace(base, init=init, summarize=summarize))
 
 
-def graph_from_open(open_NN: np.ndarray, *, cls_token: bool = True) -> InteractionGraph:
-  """The graph of one boolean `[N, N]` "query reads key" pattern over CLS and the bit
-  tokens: bits CLS reads are in the support, two bits where one reads the other
-  interact (a token reading itself says nothing)."""
-  open_NN = np.asarray(open_NN, bool)
-  offset = 1 if cls_token else 0
-  n_bits = open_NN.shape[-1] - offset
-  bits_NN = open_NN[offset:, offset:] & ~np.eye(n_bits, dtype=bool)
-  support = np.flatnonzero(open_NN[0, offset:]).tolist() if cls_token else []
-  pairs = [(int(i), int(j)) for i, j in zip(*np.nonzero(np.triu(bits_NN | bits_NN.T, 1)))]
-  return InteractionGraph(n_bits, tuple(support), tuple(pairs))
+# ----------------------------------------------------------------------------- the run
 
 
-def mask_graphs(mask_logits, threshold: float = MASK_THRESHOLD, *,
-                cls_token: bool = True) -> list:
-  """Route (a) per layer and head: the graph of each `[N, N]` mask of `mask_logits`
-  (`[..., N, N]`, e.g. `[L, H, N, N]`), nested as its leading axes (a list of lists)."""
-  m = _check_masks(mask_logits, cls_token)
-  open_ = 1.0 / (1.0 + np.exp(-m)) > threshold
-
-  def nest(a):
-    if a.ndim == 2:
-      return graph_from_open(a, cls_token=cls_token)
-    return [nest(x) for x in a]
-  return nest(open_)
+def fingerprint(config: Config) -> dict:
+  """Each task's definition (gotu's): `--resume` refuses a changed task."""
+  return gotu.fingerprint(config)
 
 
-def graph_from_masks(mask_logits, threshold: float = MASK_THRESHOLD, *,
-                     cls_token: bool = True) -> InteractionGraph:
-  """Route (a) pooled: an entry open (σ(M) > threshold) in any layer and head of
-  `mask_logits` (`[..., N, N]`); the union of `mask_graphs`."""
-  m = _check_masks(mask_logits, cls_token)
-  pooled_NN = m.reshape((-1,) + m.shape[-2:]).max(0)
-  return graph_from_open(1.0 / (1.0 + np.exp(-pooled_NN)) > threshold, cls_token=cls_token)
+def build_groups(config: Config, run_dir=None) -> list[engine.Group]:
+  """Per task: stage 1 (default, learned), then stage 2 (the priors, reading stage 1's
+  final checkpoint in `run_dir`), in that order."""
+  return stages.two_stages(NAME, config, run_dir, STAGE_1, _stage1_group, read_graphs,
+                           _stage2_group)
 
 
-# ----------------------------------------------------------------------------------------------
-# Scores and the control.
+def discover(task: boolean.BooleanTask | str, out_dir, *, preset: str = "quick",
+             overrides=(), resume: bool | str = False) -> dict:
+  """Discovers the interaction graph of `task` (a BooleanTask of yours, which this
+  registers, or a task's name) and trains with it: the experiment at `preset` into the
+  run folder `out_dir`, with every arm but the hand-written `mask` where the task has no
+  support. Returns `run.run_experiment`'s summary plus "discovered": discovered.json's
+  record of the task (per seed, both routes' graphs and their scores)."""
+  from mpx.sweep import config as config_lib, run
+  if isinstance(task, boolean.BooleanTask):
+    task = boolean.register_task(task).name
+  arms = [a for a in ARMS if a != "mask" or boolean.get_task(task).support]
+  summary = run.run_experiment(
+      config_lib.load_experiment(NAME), preset=preset, out_dir=str(out_dir),
+      overrides=[f"tasks={task}", f"schemes={','.join(arms)}", *overrides], resume=resume)
+  record = json.loads((pathlib.Path(summary["local_dir"]) / DISCOVERED_FILE).read_text())
+  return dict(summary, discovered=record["tasks"][task])
 
 
-def _precision_recall(found: set, true: set) -> tuple[float | None, float | None]:
-  """(precision, recall); None where undefined (nothing found / nothing to find)."""
-  hit = len(found & true)
-  return (hit / len(found) if found else None, hit / len(true) if true else None)
+# ----------------------------------------------------------------------------- the report
 
 
-def score(found: InteractionGraph, truth: InteractionGraph) -> dict[str, float | None]:
-  """Precision and recall of the support bits and of the pairs of `found` against
-  `truth`, fractions; None where undefined (an empty graph has no precision, a target
-  without pairs no pair recall)."""
-  if found.n_bits != truth.n_bits:
-    raise ValueError(f"graphs of {found.n_bits} and {truth.n_bits} bits do not compare.")
-  bit_p, bit_r = _precision_recall(set(found.bits), set(truth.bits))
-  pair_p, pair_r = _precision_recall(set(found.pairs), set(truth.pairs))
-  return {"bit_precision": bit_p, "bit_recall": bit_r, "pair_precision": pair_p,
-          "pair_recall": pair_r}
+def _adjacency_NN(n_bits: int, graph: dict) -> np.ndarray:
+  return InteractionGraph.from_json(n_bits, graph).adjacency().astype(float)
 
 
-def random_like(graph: InteractionGraph, seed: int | Sequence[int]) -> InteractionGraph:
-  """The control: as many support bits, drawn at random among all n, and as many pairs,
-  drawn at random among them (`np.random.default_rng(seed)`)."""
-  rng = np.random.default_rng(seed)
-  bits = sorted(rng.choice(graph.n_bits, size=len(graph.bits), replace=False).tolist())
-  candidates = list(itertools.combinations(bits, 2))
-  picked = rng.choice(len(candidates), size=len(graph.pairs), replace=False) if candidates else []
-  return InteractionGraph(graph.n_bits, tuple(bits), tuple(candidates[i] for i in picked))
+def plot_discovered(task: str, record: dict, path) -> str:
+  """One row per seed: the true graph, the learned σ(M) (max over layers and heads, CLS
+  first), route (a)'s graph, the default model's Fourier pair weights (normalised) and
+  route (b)'s graph; a graph's diagonal marks its support bits."""
+  from mpx import plotting
+  n = record["n_bits"]
+  seeds = sorted(record["seeds"], key=int)
+  columns = [("true graph", lambda s: _adjacency_NN(n, record["truth"])),
+             ("learned σ(M), max over layers, heads", lambda s: s.get("mask_sigma_max")),
+             ("(a) mask route", lambda s: s.get("mask") and _adjacency_NN(n, s["mask"])),
+             ("Fourier pair weight (default)", lambda s: s.get("fourier_pair_weight")),
+             ("(b) Fourier route", lambda s: s.get("fourier") and _adjacency_NN(n, s["fourier"]))]
+  fig, axes = plotting.subplots(
+      len(seeds), len(columns), (2.6 * len(columns), 2.5 * len(seeds) + 0.4), left=0.5,
+      right=0.15, bottom=0.5, top=0.75, wspace=0.5, hspace=0.8)
+  for row, seed in enumerate(seeds):
+    for col, (title, get) in enumerate(columns):
+      ax, values = axes[row, col], get(record["seeds"][seed])
+      if values is None:
+        ax.set_axis_off()
+        continue
+      values = np.asarray(values, float)
+      ax.imshow(values, vmin=0, vmax=1, cmap="viridis")
+      names = (["CLS"] if len(values) == n + 1 else []) + [f"x{i}" for i in range(n)]
+      ticks = list(range(0, len(names), max(1, len(names) // 8)))
+      ax.set_xticks(ticks, [names[t] for t in ticks], fontsize="xx-small", rotation=90)
+      ax.set_yticks(ticks, [names[t] for t in ticks], fontsize="xx-small")
+      ax.set_title(f"{title}\nseed {seed}" if row == 0 else f"seed {seed}", fontsize="x-small")
+  fig.suptitle(f"{task}: true and discovered interaction graphs (diagonal = support)",
+               fontsize="small")
+  return plotting._save(fig, path)
 
 
-def graphs_to_json(graphs: Iterable) -> list:
-  """Nested graphs (`mask_graphs`) as nested `to_json` dicts."""
-  return [g.to_json() if isinstance(g, InteractionGraph) else graphs_to_json(g)
-          for g in graphs]
+_fmt = discovery.fmt_stats
+_score = discovery.fmt_score
+_per_seed = discovery.per_seed
+
+
+def discovery_table(summary: dict, task: str) -> str:
+  """Markdown, one row per arm of `task`: unseen accuracy (%) and the graph's precision /
+  recall of support bits and pairs against the true graph, mean ± std over seeds, then the
+  per-seed unseen accuracies."""
+  members = summary["members"]
+  rows = {r["scheme"]: r for r in report_lib.summarize(
+      [m for m in members if m["task"] == task], ["accuracy_unseen", *SCORES])}
+  lines = ["| arm | unseen accuracy (%) | bit precision | bit recall | pair precision | "
+           "pair recall | unseen accuracy per seed (%) |", "|" + "---|" * 7]
+  for arm in ARMS:
+    if arm not in rows:
+      continue
+    r = rows[arm]
+    fmt = lambda stats, percent: _fmt(stats, percent, r["n_seeds"])
+    cells = [arm, fmt(r["accuracy_unseen"], True), *(fmt(r[s], False) for s in SCORES),
+             _per_seed(members, task, arm, "accuracy_unseen", True)]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def _read(run_dirs) -> tuple[dict, dict]:
+  """The runs' summary.json members and discovered.json tasks, joined (pieces of one study
+  run as `--set tasks=...`); their thresholds must agree."""
+  summaries, discovered = [], []
+  for run_dir in map(pathlib.Path, run_dirs):
+    for name in (report_lib.SUMMARY_JSON, DISCOVERED_FILE):
+      if not (run_dir / name).is_file():
+        raise ValueError(f"{run_dir / name} is missing: run `mpx run {NAME} --out {run_dir}` "
+                         "to the end first (summary.json is written last).")
+    summaries.append(json.loads((run_dir / report_lib.SUMMARY_JSON).read_text()))
+    discovered.append(json.loads((run_dir / DISCOVERED_FILE).read_text()))
+  if len({json.dumps(d["thresholds"], sort_keys=True) for d in discovered}) > 1:
+    raise ValueError(f"{list(map(str, run_dirs))} discovered with other thresholds; report "
+                     "runs of one configuration together.")
+  summary = dict(summaries[0], members=[m for s in summaries for m in s["members"]])
+  joined = dict(discovered[0], tasks={k: v for d in discovered for k, v in d["tasks"].items()})
+  return summary, joined
+
+
+def report(run_dir, *more_run_dirs) -> list[str]:
+  """Reads RUN_DIR's summary.json and discovered.json (and those of more runs of the same
+  configuration, e.g. the tasks run in pieces); writes RUN_DIR/discovery.md (a table per
+  task, each seed's graphs) and redraws RUN_DIR/plots/discovered_TASK.png."""
+  run_dir = pathlib.Path(run_dir)
+  summary, discovered = _read([run_dir, *more_run_dirs])
+  written = []
+  parts = [f"# Discovering the prior ({summary['experiment']}, preset {summary['preset']})\n",
+           "Unseen sign accuracy and the precision / recall of the graph each arm trained "
+           "with, against the task's true graph (mean ± population std over seeds; "
+           f"{report_lib.MISSING}: undefined, e.g. the precision of an empty graph). "
+           f"Thresholds: σ(M) > {discovered['thresholds']['mask']} (route a), |c_S| >= "
+           f"{discovered['thresholds']['fourier']} max |c_S| (route b).\n"]
+  for task, record in discovered["tasks"].items():
+    figure = plot_discovered(task, record, run_dir / "plots" / f"discovered_{task}.png")
+    written.append(figure)
+    parts += [f"## {task}\n", f"![{task}](plots/discovered_{task}.png)\n",
+              discovery_table(summary, task),
+              f"True graph: bits {record['truth']['bits']}, "
+              f"{len(record['truth']['pairs'])} pairs.\n"]
+    # Which stage-1 arm each route reads, and its seen accuracy: a graph is worth as much
+    # as the fit it was read from (route (b)'s cut is relative: noise gives a graph too).
+    read_from = {graph: arm for arm, graph in DERIVED.values()}
+    seen = {(m["scheme"], m["seed"]): m["metrics"].get("accuracy_seen")
+            for m in summary["members"] if m["task"] == task}
+    for seed, entry in sorted(record["seeds"].items(), key=lambda kv: int(kv[0])):
+      for route in ("mask", "fourier"):
+        if route in entry:
+          g = entry[route]
+          scores = "; ".join(f"{s.replace('_', ' ')} {_score(g[s])}" for s in SCORES)
+          fit = seen.get((read_from[route], int(seed)))
+          fit = "" if fit is None else f"; read from a model at {100 * fit:.2f}% seen accuracy"
+          parts.append(f"- seed {seed}, route {route}: bits {g['bits']}, pairs "
+                       f"{[tuple(p) for p in g['pairs']]} ({scores}{fit})")
+    parts.append("")
+  path = run_dir / REPORT_FILE
+  path.write_text("\n".join(parts) + "\n")
+  return [str(path), *written]
+
+

@@ -207,27 +207,38 @@ def register_task(task: BooleanTask) -> BooleanTask:
   if not isinstance(task, BooleanTask):
     raise ValueError(f"register_task takes a BooleanTask (from make_task); got "
                      f"{type(task).__name__}.")
-  if task.name in _BUILTIN:
+  if task.name in _BUILTIN or task.name in _coverage().TASKS:
     raise ValueError(f"{task.name!r} is a built-in task; give yours another name.")
   _REGISTERED[task.name] = task
   return task
 
 
+def _coverage():
+  """The coverage study's tasks (`coverage.TASKS`), imported on first use: that module
+  builds on this one."""
+  from mpx.tasks.boolean import coverage
+  return coverage
+
+
 def task_names() -> tuple[str, ...]:
-  """The built-in tasks, then the registered ones."""
-  return TASKS + tuple(n for n in _REGISTERED if n not in TASKS)
+  """The built-in tasks (the paper's, then the coverage study's), then the registered
+  ones."""
+  builtin = TASKS + _coverage().TASK_NAMES
+  return builtin + tuple(n for n in _REGISTERED if n not in builtin)
 
 
 def get_task(name: str) -> BooleanTask:
-  """A task by name: the GOTU tasks of PAPER.md (one shared instance per name, so caches
-  hit) or one registered with `register_task`."""
+  """A task by name: the GOTU tasks of PAPER.md and the coverage study's (one shared
+  instance per name, so caches hit) or one registered with `register_task`."""
   if name in _REGISTERED:
     return _REGISTERED[name]
-  if name not in _BUILTIN:
-    raise ValueError(f"unknown Boolean task {name!r}; valid names: "
-                     f"{', '.join(task_names())} (define yours with make_task and "
-                     "register_task).")
-  return _builtin_task(name)
+  if name in _BUILTIN:
+    return _builtin_task(name)
+  if name in _coverage().TASKS:
+    return _coverage().boolean_task(name)
+  raise ValueError(f"unknown Boolean task {name!r}; valid names: "
+                   f"{', '.join(task_names())} (define yours with make_task and "
+                   "register_task).")
 
 
 def fingerprint(task: BooleanTask) -> dict:

@@ -1,4 +1,4 @@
-"""The discover_prior experiment: its two stages end to end at the `tiny` preset (stage 2
+"""The discover_boolean experiment (`mpx.tasks.boolean.discover`): its two stages end to end at the `tiny` preset (stage 2
 reads stage 1's checkpoint, fresh and on a resume), the files it writes, and the refusals.
 `tiny` (24 steps of a width-16 model) discovers nothing worth training with: it checks the
 plumbing, not the method (tests/test_discover.py does)."""
@@ -11,14 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import mpx.experiments.discover_prior as dp
+import mpx.experiments.discover_boolean as dp
 from mpx import checkpoint, priors
 from mpx.sweep import config as config_lib
-from mpx.sweep import engine, run
+from mpx.sweep import engine, run, stages
 from mpx.tasks import boolean
-from mpx.tasks.boolean import discover as bd
+from mpx.tasks.boolean import graphs as bd
+from mpx.tasks.boolean import discover as study
 from mpx.tasks.boolean import gotu
-from mpx.tasks import discover_stages
+from mpx.tasks import discovery
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +36,10 @@ def _final(summary, scheme):
 def test_both_stages_train_every_arm(tiny_run):
   out, summary = tiny_run
   assert [(m["task"], m["scheme"]) for m in summary["members"]] == [
-      ("2parity", arm) for arm in dp.ARMS]
+      ("2parity", arm) for arm in study.ARMS]
   groups = {m["scheme"]: m["group"] for m in summary["members"]}
   assert groups["default"] == groups["learned"] == "2parity-stage1"
-  assert {groups[a] for a in dp.ARMS[2:]} == {"2parity-stage2"}
+  assert {groups[a] for a in study.ARMS[2:]} == {"2parity-stage2"}
   assert (out / "checkpoints" / "2parity-stage1").is_dir()
   # The hand-written prior is the true graph; stage-1 arms train with no graph.
   assert _final(summary, "mask")["metrics"]["pair_recall"] == 1.0
@@ -69,7 +70,7 @@ def test_stage2_trains_with_the_graphs_derived_from_stage1(tiny_run):
   with checkpoint.Checkpointer(out / "checkpoints" / stage1.name, max_to_keep=None) as ckpt:
     assert ckpt.latest_step() == stage1.steps
     state, _ = ckpt.restore_host(engine.init_state(stage1))
-  masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, 1))
+  masks = discovery.mask_logits_LHNN(engine.unstack(state.params, 1))
   assert np.abs(masks).max() > 0.01  # Trained away from M = 0.
   assert bd.graph_from_masks(masks).to_json() == trained["discovered_mask"]
   # Route (b) recomputed here, not by boolean_fourier / boolean_discover: the default
@@ -107,14 +108,19 @@ def _open_pattern(bits, pairs):
   return open_NN
 
 
-def test_stage2_reads_the_graphs_planted_in_stage1(tmp_path):
+def test_stage2_reads_the_graphs_planted_in_stage1(tmp_path, monkeypatch):
   """Stage 1's final state planted with known graphs (with pairs): the learned member's
   mask opens CLS→x1, x3 in head 0 and x1→x3 in head 1 (route (a): bits {1, 3}, pair
   (1, 3)); the default member's output is x0·x1 + 0.3·x5 (route (b): bits {0, 1, 5}, pair
   (0, 1)). 2Parity's true graph is bits {0, 1}, pair (0, 1). Stage 2 reads the planted
   checkpoint as a run does, records and scores the graphs, and starts from their priors."""
   config = config_lib.make_config(dp, "tiny")[1]
-  stage1, stage2 = dp.build_groups(config)
+  planted_fn = lambda params, batch: {"pred": batch["x"][:, 0] * batch["x"][:, 1]
+                                      + 0.3 * batch["x"][:, 5]}
+  real = study._stage1_group
+  monkeypatch.setattr(study, "_stage1_group", lambda *a: (lambda g: dataclasses.replace(
+      g, task=dataclasses.replace(g.task, eval_step=planted_fn)))(real(*a)))
+  stage1, stage2 = dp.build_groups(config, run_dir=tmp_path)
   assert [m.scheme for m in stage1.members] == ["default", "learned"]
   state = engine.init_state(stage1)
   planted_HNN = np.full((2, 16, 16), -6.0, np.float32)  # Token 0 is CLS, token b + 1 bit b.
@@ -131,12 +137,6 @@ def test_stage2_reads_the_graphs_planted_in_stage1(tmp_path):
   state = state._replace(params=jax.tree_util.tree_map_with_path(plant, state.params))
   with checkpoint.Checkpointer(tmp_path / "checkpoints" / stage1.name, max_to_keep=None) as ckpt:
     ckpt.save(stage1.steps, state, {})
-  planted_fn = lambda params, batch: {"pred": batch["x"][:, 0] * batch["x"][:, 1]
-                                      + 0.3 * batch["x"][:, 5]}
-  stage = dp._STAGE1[(config, "2parity")]
-  stage.group = dataclasses.replace(stage1, task=dataclasses.replace(stage1.task,
-                                                                     eval_step=planted_fn))
-  stage.run_dir = tmp_path
   state2 = engine.init_state(stage2)  # Stage 2's init derives the graphs.
 
   record = json.loads((tmp_path / dp.DISCOVERED_FILE).read_text())["tasks"]["2parity"]
@@ -159,7 +159,7 @@ def test_stage2_reads_the_graphs_planted_in_stage1(tmp_path):
               "random_fourier": (seed["random_fourier"]["bits"],
                                  seed["random_fourier"]["pairs"])}
   for k, member in enumerate(stage2.members):
-    masks = discover_stages.mask_logits_LHNN(engine.unstack(state2.params, k))
+    masks = discovery.mask_logits_LHNN(engine.unstack(state2.params, k))
     want_NN = _open_pattern(*expected[member.scheme])
     np.testing.assert_array_equal(masks > 0, np.broadcast_to(want_NN, masks.shape),
                                   err_msg=member.scheme)
@@ -190,24 +190,27 @@ def test_a_resume_refuses_graphs_other_than_stage2_started_with(tiny_run):
     path.write_text(before)
 
 
-def test_stage2_starts_from_each_graph_prior_in_every_masked_layer():
+def test_stage2_starts_from_each_graph_prior_in_every_masked_layer(monkeypatch):
   """Graphs with pairs (the tiny run finds none): each derived arm's masks at init are
   its graph's ±strength prior, an empty graph's the neutral mask."""
   config = config_lib.make_config(dp, "tiny", ["depth=2"])[1]
-  stage2 = dp.build_groups(config)[1]
   planted = {"mask": bd.InteractionGraph(15, (4,), ((0, 1), (1, 7))),
              "random_mask": bd.InteractionGraph(15, (2,), ((3, 9),)),
              "fourier": bd.InteractionGraph(15, (0, 1), ((0, 1),)),
              "random_fourier": bd.InteractionGraph(15)}
-  dp._STAGE1[(config, "2parity")]._derived = {seed: planted for seed in range(config.seeds)}
+  # Stage 1's reading planted: no checkpoint is restored, these graphs are read.
+  monkeypatch.setattr(stages, "restore_final", lambda *a: None)
+  monkeypatch.setattr(study, "read_graphs",
+                      lambda *a: {seed: planted for seed in range(config.seeds)})
+  stage2 = dp.build_groups(config)[1]
   state = engine.init_state(stage2)
-  derived = [(k, m) for k, m in enumerate(stage2.members) if m.scheme in dp.DERIVED]
-  assert len(derived) == len(dp.DERIVED) * config.seeds
+  derived = [(k, m) for k, m in enumerate(stage2.members) if m.scheme in study.DERIVED]
+  assert len(derived) == len(study.DERIVED) * config.seeds
   for k, member in derived:
-    graph = planted[dp.DERIVED[member.scheme][1]]
+    graph = planted[study.DERIVED[member.scheme][1]]
     expected = (priors.neutral(16) if graph.empty
                 else graph.prior(member.labels["mask_strength"]))
-    masks = discover_stages.mask_logits_LHNN(engine.unstack(state.params, k))
+    masks = discovery.mask_logits_LHNN(engine.unstack(state.params, k))
     assert masks.shape[0] == config.depth == 2
     np.testing.assert_array_equal(masks, np.broadcast_to(expected, masks.shape))
   np.testing.assert_array_equal(  # Pairs open both ways; (0, 7) is not a pair.
@@ -219,20 +222,20 @@ def test_the_learned_arm_starts_as_standard_attention():
   """Its init is the default's with M = 0 instead of 200: the same function to float
   rounding (log σ(0) shifts every logit of a row alike), and a mask with a gradient."""
   config = config_lib.make_config(dp, "tiny", ["sparsity=0"])[1]  # The task's gradient alone.
-  group = dp._stage1_group(config, "2parity")
+  group = study._stage1_group(config, "2parity")
   default, learned = (group.task.init(m) for m in group.members)
   x = jnp.asarray(boolean.cube(15)[::97])
   batch = {"x": x, "y": jnp.ones(len(x))}
   predict = jax.jit(lambda p: group.task.eval_step(p, batch)["pred"])
   np.testing.assert_allclose(predict(learned), predict(default), atol=1e-5, rtol=1e-5)
-  masks = discover_stages.mask_logits_LHNN(learned)
+  masks = discovery.mask_logits_LHNN(learned)
   np.testing.assert_array_equal(masks, 0.0)
-  np.testing.assert_array_equal(discover_stages.mask_logits_LHNN(default), 200.0)
+  np.testing.assert_array_equal(discovery.mask_logits_LHNN(default), 200.0)
   gradient = jax.jit(jax.grad(lambda p: group.task.loss(p, batch, None)[0]))
   grads = [gradient(p) for p in (default, learned)]
-  assert float(np.abs(discover_stages.mask_logits_LHNN(grads[0])).max()) == 0.0
-  assert float(np.abs(discover_stages.mask_logits_LHNN(grads[1])).max()) > 0.0
-  assert float(discover_stages.sparsity_pressure(learned)) == 0.5
+  assert float(np.abs(discovery.mask_logits_LHNN(grads[0])).max()) == 0.0
+  assert float(np.abs(discovery.mask_logits_LHNN(grads[1])).max()) > 0.0
+  assert float(discovery.sparsity_pressure(learned)) == 0.5
 
 
 def test_refusals_name_the_fix(tmp_path):
@@ -248,13 +251,24 @@ def test_refusals_name_the_fix(tmp_path):
   with pytest.raises(ValueError, match="one configuration per run folder"):
     run.run_experiment(dp, preset="tiny", out_dir=str(tmp_path / "lr"),
                        overrides=["learning_rate=1e-3,3e-3"])
-  group = dp.build_groups(config_lib.make_config(dp, "tiny")[1])[1]
-  stage1 = dp.Stage1(config_lib.make_config(dp, "tiny")[1], "2parity", group)
-  with pytest.raises(RuntimeError, match="run folder"):
-    stage1.graphs()
-  stage1.run_dir = tmp_path
-  with pytest.raises(RuntimeError, match="no final checkpoint"):
-    stage1.graphs()
+  config = config_lib.make_config(dp, "tiny")[1]
+  for run_dir, match in ((None, "run folder"), (tmp_path, "no final checkpoint")):
+    stage2 = dp.build_groups(config, run_dir=run_dir)[1]  # Its inits read stage 1.
+    derived = next(m for m in stage2.members if m.scheme == "discovered_mask")
+    with pytest.raises(RuntimeError, match=match):
+      stage2.task.init(derived)
+
+
+def test_the_old_name_runs_the_experiment_and_its_folders_resume(capsys):
+  """discover_prior (the name before) loads discover_boolean and says so in one line; a
+  run folder written under the old name is the same run."""
+  assert config_lib.load_experiment("discover_prior").NAME == "discover_boolean"
+  assert capsys.readouterr().err == (
+      "discover_prior is now called discover_boolean; running that.\n")
+  saved = {"experiment": "discover_boolean", "preset": "tiny", "config": {"seeds": 1}}
+  assert run._config_differences(dict(saved, experiment="discover_prior"), saved) == []
+  assert run._config_differences(dict(saved, experiment="boolean_gotu"), saved) == [
+      "experiment"]
 
 
 def test_report_writes_a_table_per_task(tiny_run):
