@@ -275,3 +275,18 @@ def test_pages_link_only_inside_the_repository():
     for outside in ("../shared", "PAPER.md", "DESIGN.md", "FINDINGS.md"):
       assert outside not in text, f"{page} points outside the repository: {outside}"
     assert not re.search(r"\bissue #?\d+|#\d{2}\b", text), f"{page} speaks of issue numbers"
+
+
+def test_the_performance_page_quotes_the_benchmark_results_file():
+  """docs/performance.md states what benchmarks/run.py measured, from the file the
+  benchmark writes (`--write`): its date, commit and the paper-scale ratio to PyTorch."""
+  results = (ROOT / "experiments/results/benchmark_cpu.md").read_text()
+  page = " ".join((ROOT / "docs/performance.md").read_text().split())
+  date, commit = re.search(r"; (\d{4}-\d{2}-\d{2})T[\d:]+; commit (\w+)", results).groups()
+  ratio = re.search(r"\| paper: mpx \(best K = \d+\) / PyTorch, member-steps/s \| "
+                    r"([\d.]+)x", results)[1]
+  rates = re.findall(r"\| paper \| (?:mpx vmapped|PyTorch[^|]*) \| \d+ \| ([\d.]+) \|", results)
+  assert f"{date}, commit {commit}" in page
+  assert f"({ratio}×;" in page
+  for rate in rates:
+    assert rate in page, rate
