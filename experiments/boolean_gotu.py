@@ -32,7 +32,8 @@ file is the experiment's record.
 from __future__ import annotations
 
 from mpx.tasks.boolean.gotu import (SELECTION_NOTE, VALIDATION, Config,  # noqa: F401
-                                    SEARCH_DESIGNS, fingerprint, make_group, members)
+                                    SEARCH_DESIGNS, build_groups, fingerprint, make_group,
+                                    members)
 
 NAME = "boolean_gotu"  # `mpx run boolean_gotu`; also when imported as mpx.experiments.boolean_gotu.
 
@@ -69,7 +70,3 @@ PRESETS = {
                    epochs=10, chunk_steps=32, designs=SEARCH_DESIGNS),
 }
 
-
-def build_groups(config: Config):
-  """One group per task: its schemes (mask designs expanded) × seeds."""
-  return [make_group(config, task, members(config, task)) for task in config.tasks]

@@ -17,7 +17,7 @@ from mpx.tasks.boolean import gotu as family
 
 
 def _prediction(name):
-  p = cov.prediction(name)
+  p = coverage.prediction(name)
   return p["covered_fraction"], p["predicted_accuracy_unseen"], p["mdi_accuracy_unseen"]
 
 
@@ -43,8 +43,8 @@ def test_hand_checked_predictions():
 
 
 def test_predictions_span_zero_to_one_and_part_from_the_mdi():
-  rows = cov.predictions()
-  assert [r["task"] for r in rows] == list(cov.TASK_NAMES) and 6 <= len(rows) <= 8
+  rows = coverage.predictions()
+  assert [r["task"] for r in rows] == list(coverage.TASK_NAMES) and 6 <= len(rows) <= 8
   predicted = [r["predicted_accuracy_unseen"] for r in rows]
   assert min(predicted) == 0.0 and max(predicted) == 1.0
   assert sum(0.0 < p < 1.0 for p in predicted) >= 3
@@ -64,7 +64,7 @@ def test_the_classes_are_the_prior_the_mask_trains_with():
     assert set().union(*spec.class_groups) == set(spec.support)
     if spec.kind == "sum":
       assert spec.class_groups == (spec.support,)
-  p = cov.prediction("cov_window3")
+  p = coverage.prediction("cov_window3")
   assert p["kind"] == "window" and p["groups"] == [[0, 1, 2], [1, 2, 3], [2, 3, 4]]
   assert p["clique_predicted_accuracy_unseen"] != p["predicted_accuracy_unseen"]
 
@@ -73,13 +73,13 @@ def test_presets_reuse_boolean_gotu():
   experiment = config_lib.load_experiment("boolean_coverage")
   assert experiment.NAME == "boolean_coverage" and experiment.PAPER == {}
   assert experiment.build_groups is gotu.build_groups
-  assert cov.MEASURED in experiment.METRICS and cov.PREDICTED in experiment.METRICS
+  assert coverage.MEASURED in experiment.METRICS and coverage.PREDICTED in experiment.METRICS
   for preset in ("quick", "cpu", "tiny"):
     _, cfg = config_lib.make_config(experiment, preset)
     assert cfg.schemes == ("default", "mask")
-    assert set(cfg.tasks) <= set(cov.TASK_NAMES)
+    assert set(cfg.tasks) <= set(coverage.TASK_NAMES)
     if preset != "tiny":
-      assert cfg.tasks == cov.TASK_NAMES
+      assert cfg.tasks == coverage.TASK_NAMES
       _, ref = config_lib.make_config(gotu, preset)
       for key in ("width", "depth", "num_heads", "head_dim", "mlp_dim", "learning_rate",
                   "epochs", "seeds"):
@@ -112,7 +112,7 @@ SUMMARY = {
 
 
 def test_predicted_vs_measured_joins_by_task_and_scheme():
-  rows = cov.predicted_vs_measured(SUMMARY)
+  rows = coverage.predicted_vs_measured(SUMMARY)
   got = {(r["task"], r["scheme"]): r for r in rows}
   assert list(got) == [("cov_andnot", "default"), ("cov_andnot", "mask"),
                        ("cov_majority3_hole", "default"), ("cov_majority3_hole", "mask")]
@@ -123,7 +123,7 @@ def test_predicted_vs_measured_joins_by_task_and_scheme():
     r = got[key]
     assert (r["measured_mean"], r["measured_std"], r["n"]) == (mean, std, n), key
     assert r["n_seeds"] == 2
-    assert r["predicted_accuracy_unseen"] == cov.prediction(key[0])["predicted_accuracy_unseen"]
+    assert r["predicted_accuracy_unseen"] == coverage.prediction(key[0])["predicted_accuracy_unseen"]
   assert got[("cov_andnot", "mask")]["predicted_accuracy_unseen"] == 0.0
   assert got[("cov_andnot", "mask")]["mdi_accuracy_unseen"] == 1.0
   assert got[("cov_majority3_hole", "mask")]["predicted_accuracy_unseen"] == 1.0
@@ -175,11 +175,11 @@ def test_report_refuses_a_folder_without_its_tasks(tmp_path):
 def test_run_hooks_record_the_prediction(tmp_path):
   _, cfg = config_lib.make_config(cov, "quick")
   history = [{"task": "cov_parity3", "step": s, "accuracy_unseen": 0.1} for s in (0, 96)]
-  assert cov.history_metrics(cfg, history) == {cov.PREDICTED: 0.5}
+  assert cov.history_metrics(cfg, history) == {coverage.PREDICTED: 0.5}
   assert cov.history_metrics(cfg, [{"task": "2parity"}]) == {}
   cov.save_run_files(cfg, tmp_path)
-  md = (tmp_path / cov.PREDICTED_FILE).read_text()
-  for name in cov.TASK_NAMES:
+  md = (tmp_path / coverage.PREDICTED_FILE).read_text()
+  for name in coverage.TASK_NAMES:
     assert f"| {name} |" in md
   assert ("| cov_window3 | x0x1x2 + x1x2x3 + x2x3x4 | x0 = 1 or x1 = 1, and no window is "
           "(+1, +1, +1) | windows 012, 123, 234 |") in md

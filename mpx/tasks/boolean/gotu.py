@@ -472,3 +472,8 @@ def make_group(config: Config, task_name: str,
       eval_data=EvalData({"x": x_cube}, config.eval_points_per_call), steps=steps,
       batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
       optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))
+
+
+def build_groups(config: Config) -> list[engine.Group]:
+  """One group per task: its schemes (mask designs expanded) × seeds."""
+  return [make_group(config, task, members(config, task)) for task in config.tasks]
