@@ -396,6 +396,14 @@ def test_vmap_seed_ensemble_members_equal_models_trained_alone():
   assert not np.allclose(member["mask_logits"], _prior(8, (H, N, N)))  # It learned.
 
 
+
+def _assert_loads(ours, flax_model, restored):
+  """`restored` loaded into `ours` (other weights until then) computes Flax's outputs."""
+  x = _x(1)
+  assert not np.allclose(ours(x), flax_model(x))
+  _load(ours, restored)
+  np.testing.assert_array_equal(ours(x), flax_model(x))
+
 class _Blocks(nnx.Module):
   """A transformer's usual shape: its attention blocks in an `nnx.List`."""
 
@@ -422,10 +430,7 @@ def test_a_checkpoint_with_a_layer_list_loads_into_the_drop_in(tmp_path, saved_a
   assert "0" in restored["blocks"] and 0 not in restored["blocks"]  # The trap: str keys.
   ours = _Blocks(functools.partial(mpx.nnx.MultiHeadAttention, H, F, decode=False,
                                    num_tokens=N), seed=9)
-  x = _x(1)
-  assert not np.allclose(ours(x), flax_model(x))
-  _load(ours, restored)
-  np.testing.assert_array_equal(ours(x), flax_model(x))
+  _assert_loads(ours, flax_model, restored)
   for block in ours.blocks:
     np.testing.assert_array_equal(block.mask_logits[...], priors.neutral(N, H))
 
@@ -459,10 +464,7 @@ def test_a_checkpoint_of_scanned_layers_loads_into_the_drop_in(tmp_path):
     restored = checkpointer.restore(tmp_path / "ckpt")
   ours = _Scanned(functools.partial(mpx.nnx.MultiHeadAttention, H, F, decode=False,
                                     num_tokens=N), seed=9)
-  x = _x(1)
-  assert not np.allclose(ours(x), flax_model(x))
-  _load(ours, restored)
-  np.testing.assert_array_equal(ours(x), flax_model(x))
+  _assert_loads(ours, flax_model, restored)
   np.testing.assert_array_equal(ours.layers.mask_logits[...],
                                 np.broadcast_to(priors.neutral(N, H), (2, H, N, N)))
 
