@@ -1,7 +1,11 @@
-"""Compiling and timing one training chunk: what every mpx benchmark measures."""
+"""Compiling and timing one training chunk, and what a report states beside it (the matmul
+peak, the host's free memory, a table cell): shared by `run.py`, the accelerator check and
+the other benchmarks, so that they all measure and print alike."""
 
 from __future__ import annotations
 
+import pathlib
+import re
 import time
 
 import jax
@@ -16,9 +20,16 @@ def compile_chunk(group: engine.Group, steps: int, data=None):
   compile seconds)`; `data` replaces the group's (e.g. a stream's batches, placed)."""
   state, hparams, group_data = engine.place(group, engine.init_state(group), None)
   data = group_data if data is None else data
+  chunk, seconds = compile_timed(group, steps, state, hparams, data)
+  return chunk, state, hparams, data, seconds
+
+
+def compile_timed(group: engine.Group, steps: int, state, hparams, data):
+  """`(chunk, compile seconds)`: the group's chunk of `steps` steps compiled for inputs
+  already placed (e.g. a state initialised once and reused)."""
   start = time.perf_counter()
   chunk = engine.make_train_chunk(group, steps).lower(state, hparams, data).compile()
-  return chunk, state, hparams, data, time.perf_counter() - start
+  return chunk, time.perf_counter() - start
 
 
 def time_chunk(chunk, state, hparams, data, repeats: int) -> float:
@@ -33,12 +44,14 @@ def time_chunk(chunk, state, hparams, data, repeats: int) -> float:
   assert np.all(np.isfinite(np.asarray(out["train_loss"]))), "non-finite loss"
   return seconds
 
+
 def xla_flops(compiled) -> float:
   """FLOPs of a compiled program; `cost_analysis()` is a dict or a list of dicts."""
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     return float(sum(c.get("flops", 0.0) for c in cost))
   return float(cost.get("flops", 0.0))
+
 
 def matmul_peak(sizes: tuple[int, ...], repeats: int,
                 dtype=jnp.float32) -> dict[int, float]:
@@ -55,3 +68,19 @@ def matmul_peak(sizes: tuple[int, ...], repeats: int,
       best = min(best, time.perf_counter() - start)
     peaks[n] = 2 * n ** 3 / best / 1e9
   return peaks
+
+
+def host_memory_available() -> int | None:
+  """Bytes the host can still allocate (MemAvailable of /proc/meminfo); None where unknown:
+  what a program compiled for the CPU is checked against before it runs."""
+  try:
+    match = re.search(r"^MemAvailable:\s+(\d+) kB", pathlib.Path("/proc/meminfo").read_text(),
+                      re.M)
+  except OSError:
+    match = None
+  return int(match.group(1)) * 1024 if match else None
+
+
+def fmt(value, spec: str, missing: str = "–") -> str:
+  """A table cell: `value` formatted, `missing` where there is none."""
+  return missing if value is None else format(value, spec)

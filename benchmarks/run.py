@@ -102,8 +102,6 @@ def commit() -> str:
   return head + (" + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-
-
 # --------------------------------------------------------------------------- mpx
 
 
@@ -146,12 +144,8 @@ def check_param_counts(scale: str) -> int:
 
 def available_gib() -> float:
   """MemAvailable of /proc/meminfo (inf where unknown)."""
-  try:
-    match = re.search(r"^MemAvailable:\s+(\d+) kB", pathlib.Path("/proc/meminfo").read_text(),
-                      re.M)
-  except OSError:
-    match = None
-  return int(match.group(1)) / 2 ** 20 if match else float("inf")
+  available = chunk_timing.host_memory_available()
+  return float("inf") if available is None else available / 2 ** 30
 
 
 def needed_gib(compiled) -> float:
@@ -165,8 +159,6 @@ def needed_gib(compiled) -> float:
 
 def _size(gib: float) -> str:
   return f"{gib:.1f} GiB" if gib >= 1 else f"{gib * 1024:.0f} MiB"
-
-
 
 
 def compiled_chunk(scale: str, members: int, steps: int):
@@ -254,21 +246,17 @@ def time_torch(scale: str, steps: int, seeds: int, gflop: float | None) -> Row:
 # --------------------------------------------------------------------------- report
 
 
-def _fmt(value, spec: str, missing: str = "–") -> str:
-  return missing if value is None else format(value, spec)
-
-
 def rows_table(rows: list[Row], peak: float) -> list[str]:
   lines = ["| scale | implementation | K | member-steps/s | compile (s) | GFLOP / member-step "
            "| achieved GFLOP/s | of matmul peak | memory |", "|---" * 9 + "|"]
   for r in rows:
     achieved = r.achieved()
+    fraction = None if achieved is None else achieved / peak
     rate = r.note if np.isnan(r.rate) else f"{r.rate:.3f}"
     lines.append(f"| {r.scale} | {r.impl} | {r.members} | {rate} | "
-                 f"{_fmt(r.compile_s, '.1f')} | {_fmt(r.gflop, '.3g')} | "
-                 f"{_fmt(achieved, '.1f')} | "
-                 f"{_fmt(None if achieved is None else achieved / peak, '.0%')} | "
-                 f"{'' if np.isnan(r.rate) else r.note} |")
+                 f"{chunk_timing.fmt(r.compile_s, '.1f')} | "
+                 f"{chunk_timing.fmt(r.gflop, '.3g')} | {chunk_timing.fmt(achieved, '.1f')} | "
+                 f"{chunk_timing.fmt(fraction, '.0%')} | {'' if np.isnan(r.rate) else r.note} |")
   return lines
 
 
@@ -312,8 +300,9 @@ def ratios_table(items) -> list[str]:
     unit = "" if "peak" in what else "x"
     verdict = ("not run" if value is None else "PASS" if value >= target else "FAIL"
                ) if target is not None else ""
-    lines.append(f"| {what} | {_fmt(value, spec)}{unit if value is not None else ''} | "
-                 f"{_fmt(target, spec, '')}{unit if target is not None else ''} | {verdict} |")
+    measured = chunk_timing.fmt(value, spec) + (unit if value is not None else "")
+    wanted = chunk_timing.fmt(target, spec, "") + (unit if target is not None else "")
+    lines.append(f"| {what} | {measured} | {wanted} | {verdict} |")
   return lines
 
 

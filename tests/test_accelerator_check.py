@@ -1,4 +1,4 @@
-"""benchmarks/accelerator_check.py on a CPU, and the cuDNN path's odd-token padding.
+"""benchmarks/accelerator_check on a CPU, and the cuDNN path's odd-token padding.
 
 The script is what the first accelerator runs, unattended, in a few minutes: here it runs
 every stage at toy sizes (`--tiny`) with the modules the device image lacks blocked,
@@ -7,6 +7,7 @@ cuDNN train at 197 tokens is checked against the unpadded attention and, at trac
 against jax's own cuDNN checks.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -31,13 +32,16 @@ from mpx.tasks import boolean
 from mpx.tasks.boolean import gotu as boolean_gotu
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "accelerator_check.py"
+CHECK = ROOT / "benchmarks" / "accelerator_check"  # Runs as `python CHECK`.
 # Not on the device image: the script must run without them.
 BLOCKED = ("grain", "tensorflow_datasets", "tensorflow", "torch", "sklearn")
 
 
-sys.path.insert(0, str(SCRIPT.parent))  # benchmarks/ is not a package.
-import accelerator_check as AC  # noqa: E402
+sys.path.insert(0, str(CHECK.parent))  # benchmarks/ is not a package.
+from accelerator_check import __main__ as check  # noqa: E402
+from accelerator_check import context, cudnn, cudnn_probes, environment, eta  # noqa: E402
+from accelerator_check import report as report_lib  # noqa: E402
+from accelerator_check import sweep  # noqa: E402
 
 
 def _device_image_env(tmp: pathlib.Path) -> dict:
@@ -55,12 +59,12 @@ def _device_image_env(tmp: pathlib.Path) -> dict:
 
 def _run(tmp: pathlib.Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
   out = tmp / "out"
-  command = [sys.executable, str(SCRIPT), "--out", str(out), "--cache-dir",
+  command = [sys.executable, str(CHECK), "--out", str(out), "--cache-dir",
              str(tmp / "cache"), *args]
   done = subprocess.run(command, cwd=ROOT, env=_device_image_env(tmp), capture_output=True,
                         text=True, timeout=1800)
   assert done.returncode == 0, done.stderr[-3000:]
-  return done, json.loads((out / AC.JSON_FILE).read_text())
+  return done, json.loads((out / report_lib.JSON_FILE).read_text())
 
 
 def test_blocked_modules_do_not_import(tmp_path):
@@ -79,7 +83,7 @@ def tiny_run(tmp_path_factory):
   """`--tiny` with a budget every stage fits: (json report, markdown, stdout)."""
   tmp = tmp_path_factory.mktemp("tiny")
   done, report = _run(tmp, "--tiny", "--budget-s", "1500")
-  return report, (tmp / "out" / AC.MARKDOWN_FILE).read_text(), done.stdout
+  return report, (tmp / "out" / report_lib.MARKDOWN_FILE).read_text(), done.stdout
 
 
 def _number(text: str) -> float:
@@ -99,7 +103,8 @@ def _environment_content(stages):
   assert facts["XLA_FLAGS / memory fraction"] == (
       f"{os.environ.get('XLA_FLAGS', '')!r} / "
       f"{os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION')}")
-  peak = facts[f"matmul peak ({AC.TINY.matmul_n}³ jnp.dot, best of {AC.TINY.matmul_repeats})"]
+  tiny = context.TINY
+  peak = facts[f"matmul peak ({tiny.matmul_n}³ jnp.dot, best of {tiny.matmul_repeats})"]
   found = re.match(r"float32 (\S+) TFLOP/s, bfloat16 (\S+) TFLOP/s", peak)
   assert found and min(map(float, found.groups())) > 0, peak
   return {"float32": float(found[1]), "bfloat16": float(found[2])}
@@ -154,13 +159,13 @@ def _models_content(stages):
   rows = stages["models"]["rows"]
   vit = [r for r in rows if r["model"].startswith("ViT")]
   assert [(r["K"], r["members_per_call"]) for r in vit] == [
-      (2, m) for _, m in AC.TINY.vit_rows]
+      (2, m) for _, m in context.TINY.vit_rows]
   for row in rows:  # Each printed to 4 significant digits: 5e-4 apiece, a ratio < 1.1e-3.
     rate = float(row["images or tokens /s"])
     assert float(row["per member"]) == pytest.approx(rate / row["K"], rel=1.1e-3), row
     assert _number(row["program memory"]) > 0, row
   for row in vit:
-    items = row["K"] * AC.TINY.vit_batch / float(row["step s (all members)"])
+    items = row["K"] * context.TINY.vit_batch / float(row["step s (all members)"])
     assert float(row["images or tokens /s"]) == pytest.approx(items, rel=1.1e-3), row
   assert rows[-1]["model"] == "language tiny (1 × 16, 16 tokens, vocab 257, float32)"
 
@@ -202,7 +207,7 @@ def test_tiny_run_reports_every_stage(tiny_run):
   derives agree with the measurements it derives them from and with this machine."""
   report, markdown, stdout = tiny_run
   stages = report["stages"]
-  assert list(stages) == list(AC.STAGES)
+  assert list(stages) == list(check.STAGES)
   for key, stage in stages.items():
     assert stage["status"] == "done", (key, stage["notes"])
     assert f"{stage['title']} (done" in markdown
@@ -233,7 +238,7 @@ def test_tiny_run_measures_the_sweep(tiny_run):
 def test_tiny_run_probes_pass_and_lists_refusals(tiny_run):
   report, _, _ = tiny_run
   stage = report["stages"]["cudnn"]
-  assert [r["case"] for r in stage["rows"]] == list(AC.PROBES)
+  assert [r["case"] for r in stage["rows"]] == list(cudnn_probes.PROBES)
   for row in stage["rows"]:
     assert row["result"] == "ok", row
   refused = [n for n in stage["notes"] if n.startswith("Refused before any compile")]
@@ -262,12 +267,12 @@ def test_a_small_budget_skips_stages_with_a_note(tmp_path):
   stages = report["stages"]
   assert stages["environment"]["status"] == "done"
   assert stages["environment"]["facts"]["device"].startswith("1 × cpu")
-  for key in AC.STAGES[1:]:
+  for key in check.STAGES[1:]:
     assert stages[key]["status"] == "skipped"
     assert stages[key]["notes"][-1].startswith("Stage skipped:")
     assert "of the budget left" in stages[key]["notes"][-1]
-  markdown = (tmp_path / "out" / AC.MARKDOWN_FILE).read_text()
-  assert markdown.count("(skipped)") == len(AC.STAGES) - 1
+  markdown = (tmp_path / "out" / report_lib.MARKDOWN_FILE).read_text()
+  assert markdown.count("(skipped)") == len(check.STAGES) - 1
 
 
 def test_a_crashing_probe_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
@@ -291,16 +296,16 @@ def test_a_crashing_probe_is_recorded_and_the_others_still_run(tmp_path, monkeyp
   python = tmp_path / "python"
   python.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
   python.chmod(0o755)
-  monkeypatch.setattr(AC.sys, "executable", str(python))
-  args = AC.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--cache-dir", ""])
-  budget = AC.Budget(600)
-  report = AC.Report(tmp_path / "out", {"command": "test", "budget_s": 600, "tiny": True,
-                                        "started": "now"}, budget)
-  ctx = AC.Context(AC.TINY, budget, report, args, "jax")
+  monkeypatch.setattr(cudnn.sys, "executable", str(python))
+  args = check.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--cache-dir", ""])
+  budget = report_lib.Budget(600)
+  report = report_lib.Report(tmp_path / "out", {"command": "test", "budget_s": 600,
+                                                "tiny": True, "started": "now"}, budget)
+  ctx = context.Context(context.TINY, budget, report, args, "jax")
   stage = report.stage("cudnn", "probes")
-  AC.stage_cudnn(ctx, stage)
+  cudnn.stage_cudnn(ctx, stage)
   results = {r["case"]: r for r in stage["rows"]}
-  assert list(results) == list(AC.PROBES)
+  assert list(results) == list(cudnn_probes.PROBES)
   assert results["odd_tokens_padded"]["result"] == "crashed"
   assert "killed by signal 9" in results["odd_tokens_padded"]["detail"]
   assert all(r["result"] == "ok" for c, r in results.items() if c != "odd_tokens_padded")
@@ -308,24 +313,24 @@ def test_a_crashing_probe_is_recorded_and_the_others_still_run(tmp_path, monkeyp
 
 def test_most_members_from_two_program_sizes(monkeypatch):
   """Memory grows by one member's bytes per member: (limit − shared) / per member."""
-  monkeypatch.setattr(AC, "memory_limit", lambda: (1000.0, "test"))
+  monkeypatch.setattr(environment, "memory_limit", lambda: (1000.0, "test"))
   rows = [{"K": 1, "program": 130}, {"K": 16, "program": 130 + 15 * 60}]
-  k, how = AC.most_members(rows, cap=1024)
+  k, how = sweep.most_members(rows, cap=1024)
   assert k == math.floor((1000 - 70) / 60) and "60 B per member" in how
-  assert AC.most_members(rows, cap=5)[0] == 5
-  assert AC.most_members(rows[:1], cap=5)[0] is None
+  assert sweep.most_members(rows, cap=5)[0] == 5
+  assert sweep.most_members(rows[:1], cap=5)[0] is None
 
 
 def test_rates_are_interpolated_in_k():
-  ctx = AC.Context(AC.TINY, AC.Budget(1), None, None, "jax")
+  ctx = context.Context(context.TINY, report_lib.Budget(1), None, None, "jax")
   ctx.rates = {("paper", "float32", "reference", 1): 10.0,
                ("paper", "float32", "reference", 16): 100.0,
                ("paper", "bfloat16", "cudnn", 16): 1e6}
-  assert AC.rate_for(ctx, "paper", 16) == (100.0, "K = 16")
-  rate, how = AC.rate_for(ctx, "paper", 6)
+  assert eta.rate_for(ctx, "paper", 16) == (100.0, "K = 16")
+  rate, how = eta.rate_for(ctx, "paper", 6)
   assert rate == pytest.approx(10 + 5 / 15 * 90) and how == "between K = 1 and 16"
-  assert AC.rate_for(ctx, "paper", 40) == (100.0, "K = 16")
-  assert AC.rate_for(ctx, "quick", 4) == (None, "none measured")
+  assert eta.rate_for(ctx, "paper", 40) == (100.0, "K = 16")
+  assert eta.rate_for(ctx, "quick", 4) == (None, "none measured")
 
 
 # --------------------------------------------------------------------------- padding
@@ -425,14 +430,14 @@ def test_the_most_members_are_checked_against_xla_before_they_run(monkeypatch):
            "program": program(k)}
     return row | ({"note": "not run: too big"} if program(k) > limit else {"rate": 1.0})
 
-  monkeypatch.setattr(AC, "memory_limit", lambda: (limit, "test"))
-  monkeypatch.setattr(AC, "measure_boolean", measure)
-  sizes = AC.dataclasses.replace(AC.TINY, max_members=100)
-  args = AC.parse_args(["--tiny", "--no-cudnn"])
-  ctx = AC.Context(sizes, AC.Budget(600), None, args, "jax")
+  monkeypatch.setattr(environment, "memory_limit", lambda: (limit, "test"))
+  monkeypatch.setattr(sweep, "measure_boolean", measure)
+  sizes = dataclasses.replace(context.TINY, max_members=100)
+  args = check.parse_args(["--tiny", "--no-cudnn"])
+  ctx = context.Context(sizes, report_lib.Budget(600), None, args, "jax")
   ctx.report = type("NoReport", (), {"write": lambda self: None})()
   stage = {"facts": {}, "rows": [], "notes": []}
-  AC.stage_sweep(ctx, stage)
+  sweep.stage_sweep(ctx, stage)
   assert [(r["K"], "note" in r) for r in stage["rows"]] == [
       (1, False), (2, False), (16, True), (10, False)]
   assert ctx.most == 10 == int(16 * limit / program(16))
@@ -442,11 +447,11 @@ def test_the_most_members_are_checked_against_xla_before_they_run(monkeypatch):
 def test_the_sweeps_rate_counts_every_member_step(tmp_path, monkeypatch):
   """Every sweep figure derives from one rate, so a wrong factor in it keeps them all
   consistent: with each timed chunk taking 1 s, the rate must be K × steps × repeats."""
-  monkeypatch.setattr(AC.chunk_timing, "time_chunk", lambda *a, **k: 1.0)
-  args = AC.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--cache-dir", ""])
-  budget = AC.Budget(600)
-  report = AC.Report(tmp_path / "out", {"command": "test", "budget_s": 600, "tiny": True,
-                                        "started": "now"}, budget)
-  ctx = AC.Context(AC.TINY, budget, report, args, "jax", boolean=gotu_experiment)
-  row = AC.measure_boolean(ctx, "paper", 2)
-  assert row["rate"] == 2 * AC.TINY.steps["paper"] * AC.TINY.repeats, row
+  monkeypatch.setattr(sweep.chunk_timing, "time_chunk", lambda *a, **k: 1.0)
+  args = check.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--cache-dir", ""])
+  budget = report_lib.Budget(600)
+  report = report_lib.Report(tmp_path / "out", {"command": "test", "budget_s": 600,
+                                                "tiny": True, "started": "now"}, budget)
+  ctx = context.Context(context.TINY, budget, report, args, "jax", boolean=gotu_experiment)
+  row = sweep.measure_boolean(ctx, "paper", 2)
+  assert row["rate"] == 2 * context.TINY.steps["paper"] * context.TINY.repeats, row
