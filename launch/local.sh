@@ -6,6 +6,9 @@
 #
 # See usage() below, or `bash launch/local.sh --help`.
 set -euo pipefail
+me=local.sh
+# shellcheck source=common.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # say, die, quote, the option checks
 
 usage() {
   cat <<'EOF'
@@ -42,51 +45,26 @@ example:
 EOF
 }
 
-die() {
-  echo "local.sh: $*" >&2
-  exit 2
-}
-
-quote() {  # the arguments as one shell-quoted line (plain words stay unquoted)
-  local out="" arg
-  for arg in "$@"; do
-    if [[ $arg =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-      out+=" $arg"
-    else
-      out+=" '${arg//\'/\'\\\'\'}'"
-    fi
-  done
-  printf '%s\n' "${out# }"
-}
-
 num="" devices=2 port="" grace=60 restarts=3 dry_run=0 saw_command=0
 while (($#)); do
   case $1 in
     -h | --help) usage; exit 0 ;;
-    --devices) (($# >= 2)) || die "--devices needs a value, e.g. --devices 2"; devices=$2; shift 2 ;;
-    --devices=*) devices=${1#*=}; shift ;;
-    --port) (($# >= 2)) || die "--port needs a value, e.g. --port 12355"; port=$2; shift 2 ;;
-    --port=*) port=${1#*=}; shift ;;
-    --grace) (($# >= 2)) || die "--grace needs a value, e.g. --grace 10"; grace=$2; shift 2 ;;
-    --grace=*) grace=${1#*=}; shift ;;
-    --restarts) (($# >= 2)) || die "--restarts needs a value, e.g. --restarts 3"; restarts=$2; shift 2 ;;
-    --restarts=*) restarts=${1#*=}; shift ;;
+    --devices | --devices=*) option_value 2 "$@"; devices=$value; shift "$taken" ;;
+    --port | --port=*) option_value 12355 "$@"; port=$value; shift "$taken" ;;
+    --grace | --grace=*) option_value 10 "$@"; grace=$value; shift "$taken" ;;
+    --restarts | --restarts=*) option_value 3 "$@"; restarts=$value; shift "$taken" ;;
     --dry-run) dry_run=1; shift ;;
     --) saw_command=1; shift; break ;;
     -*) die "unknown option '$1' (see --help)" ;;
-    *)
-      [[ -z $num ]] || die "one process count expected, got '$num' and '$1'; put the command after --"
-      num=$1
-      shift
-      ;;
+    *) one_word num "process count" "the command" "$1"; shift ;;
   esac
 done
 
 [[ -n $num ]] || die "missing N, the number of processes, e.g.: bash launch/local.sh 2 -- mpx run boolean_gotu --preset tiny"
-[[ $num =~ ^[1-9][0-9]*$ ]] || die "N must be a positive integer, e.g. 2; got '$num'"
-[[ $devices =~ ^[1-9][0-9]*$ ]] || die "--devices must be a positive integer, e.g. 2; got '$devices'"
-[[ $grace =~ ^[0-9]+$ ]] || die "--grace must be a number of seconds, e.g. 10; got '$grace'"
-[[ $restarts =~ ^[0-9]+$ ]] || die "--restarts must be a whole number, e.g. 3; got '$restarts'"
+must_be positive "$num" "N must be a positive integer, e.g. 2"
+must_be positive "$devices" "--devices must be a positive integer, e.g. 2"
+must_be whole "$grace" "--grace must be a number of seconds, e.g. 10"
+must_be whole "$restarts" "--restarts must be a whole number, e.g. 3"
 ((saw_command && $# > 0)) || die "missing '-- COMMAND...', e.g.: bash launch/local.sh $num -- mpx run boolean_gotu --preset tiny"
 
 fixed_port=$port
@@ -149,17 +127,18 @@ stop_all() {  # SIGTERM to every running process group; SIGKILL follows after --
 # shellcheck disable=SC2329  # called by the traps below
 on_signal() {
   if ((stopping)); then
-    echo "local.sh: got $1 again, killing the processes" >&3
+    say "got $1 again, killing the processes"
   else
-    echo "local.sh: got $1, stopping all $num processes (SIGTERM; again: SIGKILL)" >&3
+    say "got $1, stopping all $num processes (SIGTERM; again: SIGKILL)"
   fi
   signalled=1
   ((status)) || status=$2
   stop_all
 }
-# The messages of this script go to fd 3, the real stderr: the wait loop's stderr is closed
-# off below, since bash would report a SIGKILLed job there ("Killed ...").
+# The messages of this script (say) go to fd 3, the real stderr: the wait loop's stderr is
+# closed off below, since bash would report a SIGKILLed job there ("Killed ...").
 exec 3>&2
+say_fd=3
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mpx-local.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 trap 'on_signal SIGINT 130' INT
@@ -172,7 +151,7 @@ for ((i = 1; i <= $#; i++)); do
     --out) next=$((i + 1)); out=${!next:-} ;;
   esac
 done
-echo "local.sh: $num processes x $devices CPU devices$([[ -z $out ]] || echo ", run folder $out"); restarts on exit status 143 or 137: at most $restarts" >&3
+say "$num processes x $devices CPU devices$([[ -z $out ]] || echo ", run folder $out"); restarts on exit status 143 or 137: at most $restarts"
 
 start_all() {  # $1: the start's number; all N processes, with their output prefixed
   # Each process is started as its own job (set -m: its own process group), so stopping it
@@ -207,7 +186,7 @@ wait_all() {  # until every process has ended; the first failure stops the other
       remaining=$((remaining - 1))
       if ((rc != 0 && status == 0)); then
         status=$rc
-        echo "local.sh: process $i exited with status $rc; stopping the others" >&3
+        say "process $i exited with status $rc; stopping the others"
         stop_all
       fi
     done
@@ -215,7 +194,7 @@ wait_all() {  # until every process has ended; the first failure stops the other
     if ((stopping && ticks_left-- == 0)); then
       for ((i = 0; i < ${#pids[@]}; i++)); do
         ((finished[i])) && continue
-        echo "local.sh: process $i still running after SIGTERM; sending SIGKILL" >&3
+        say "process $i still running after SIGTERM; sending SIGKILL"
         kill -KILL -- "-${pids[i]}" 2>/dev/null || true
       done
     fi
@@ -231,11 +210,11 @@ for ((start = 0; ; start++)); do
   if ((status != 143 && status != 137 || signalled || start >= restarts)); then
     break
   fi
-  echo "local.sh: restart $((start + 1)) of at most $restarts after exit status $status (143: SIGTERM, checkpoint saved; 137: killed): the same command again" >&3
+  say "restart $((start + 1)) of at most $restarts after exit status $status (143: SIGTERM, checkpoint saved; 137: killed): the same command again"
   stopping=0 status=0 pids=() finished=() prefixers=()
   pick_port
 done
 if ((status == 143 || status == 137)) && ((!signalled && restarts > 0)); then
-  echo "local.sh: stopped with status $status after $restarts restarts (--restarts); run the same command again to continue" >&3
+  say "stopped with status $status after $restarts restarts (--restarts); run the same command again to continue"
 fi
 exit "$status"

@@ -11,6 +11,10 @@
 #
 # See usage() below, or `bash launch/tpu_pod.sh --help`.
 set -euo pipefail
+me=tpu_pod.sh
+# shellcheck source=common.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # say, die, quote, the option checks
+quote_tilde="~?"  # ~/ in the workers' commands is for the worker's shell to expand
 
 usage() {
   cat <<'EOF'
@@ -104,27 +108,6 @@ examples:
 EOF
 }
 
-die() {
-  echo "tpu_pod.sh: $*" >&2
-  exit 2
-}
-
-quote() {  # the arguments as one shell-quoted line (plain words stay unquoted)
-  local out="" arg
-  for arg in "$@"; do
-    if [[ $arg =~ ^~?[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-      out+=" $arg"
-    else
-      out+=" '${arg//\'/\'\\\'\'}'"
-    fi
-  done
-  printf '%s\n' "${out# }"
-}
-
-number() {  # $1 option, $2 value: a whole number, or a clear error
-  [[ $2 =~ ^[0-9]+$ ]] || die "$1 needs a whole number, e.g. $1 10; got '$2'"
-}
-
 dry_run=0 quiet=0 subcommand="" saw_args=0 worker="" lines=100 follow=0 grace=120
 interval=120 max_restarts=10 given=()
 while (($#)); do
@@ -134,25 +117,21 @@ while (($#)); do
     --quiet) quiet=1; given+=(--quiet); shift ;;
     --follow) follow=1; given+=(--follow); shift ;;
     --worker | --lines | --grace | --interval | --max-restarts)
-      (($# >= 2)) || die "$1 needs a value (see --help)"
-      number "$1" "$2"
+      option_value "" "$@"  # (no example: "--name needs a value (see --help)")
+      must_be whole "$value" "$1 needs a whole number, e.g. $1 10"
       case $1 in
-        --worker) worker=$2 ;;
-        --lines) lines=$2 ;;
-        --grace) grace=$2 ;;
-        --interval) interval=$2 ;;
-        --max-restarts) max_restarts=$2 ;;
+        --worker) worker=$value ;;
+        --lines) lines=$value ;;
+        --grace) grace=$value ;;
+        --interval) interval=$value ;;
+        --max-restarts) max_restarts=$value ;;
       esac
       given+=("$1")
-      shift 2
+      shift "$taken"
       ;;
     --) saw_args=1; shift; break ;;
     -*) die "unknown option '$1' (see --help)" ;;
-    *)
-      [[ -z $subcommand ]] || die "one subcommand expected, got '$subcommand' and '$1'; put mpx run's arguments after --"
-      subcommand=$1
-      shift
-      ;;
+    *) one_word subcommand subcommand "mpx run's arguments" "$1"; shift ;;
   esac
 done
 
@@ -162,13 +141,8 @@ case $subcommand in
     ((!saw_args)) || die "$subcommand takes no arguments after --" ;;
   run | all | watch)
     ((saw_args && $# > 0)) || die "$subcommand needs mpx run's arguments, e.g.: bash launch/tpu_pod.sh $subcommand -- boolean_gotu --preset paper"
-    for arg in "$@"; do
-      case $arg in
-        --out | --out=*) die "give the run folder as MPX_OUT (e.g. MPX_OUT=gs://my-bucket/mpx/boolean_paper), not $arg" ;;
-        --distributed) die "--distributed is added by this script; leave it out of the arguments" ;;
-        --resume | --resume=*) die "--resume=auto is added by this script (the same command starts and continues the run); leave $arg out" ;;
-      esac
-    done
+    no_added_args "run folder as MPX_OUT (e.g. MPX_OUT=gs://my-bucket/mpx/boolean_paper)" \
+      "the same command" "$@"
     ;;
   "") die "missing the subcommand ($subcommands); see --help" ;;
   *) die "unknown subcommand '$subcommand' ($subcommands)" ;;
@@ -213,12 +187,8 @@ example() {
     MPX_OUT) echo "the run folder in a bucket, gs://BUCKET/PATH, e.g. export MPX_OUT=gs://my-bucket/mpx/boolean_paper" ;;
   esac
 }
-missing=0
 for name in TPU_NAME ZONE ACCELERATOR_TYPE PROJECT MPX_OUT; do
-  if needs "$name" && [[ -z ${!name:-} ]]; then
-    echo "tpu_pod.sh: $name is not set: $(example "$name")" >&2
-    missing=1
-  fi
+  if needs "$name"; then need_var "$name" "$(example "$name")"; fi
 done
 ((missing == 0)) || exit 2
 # MPX_OUT=gs://BUCKET/PATH: the workers mount BUCKET at /mnt/gcs/BUCKET and write to PATH in it.
@@ -238,14 +208,11 @@ if needs ACCELERATOR_TYPE && [[ -z ${TPU_VERSION:-} ]]; then
   esac
 fi
 for flag in TPU_SPOT TPU_QUEUED; do
-  case ${!flag:-0} in
-    0 | 1) ;;
-    *) die "$flag must be 0 or 1, e.g. export $flag=1; got '${!flag}'" ;;
-  esac
+  must_be flag "${!flag:-0}" "$flag must be 0 or 1, e.g. export $flag=1"
 done
 queued=${TPU_QUEUED:-0}
 log_sync=${MPX_LOG_SYNC:-60}
-[[ $log_sync =~ ^[1-9][0-9]*$ ]] || die "MPX_LOG_SYNC must be a number of seconds, e.g. export MPX_LOG_SYNC=60; got '$log_sync'"
+must_be positive "$log_sync" "MPX_LOG_SYNC must be a number of seconds, e.g. export MPX_LOG_SYNC=60"
 if ((!dry_run)) && ! command -v gcloud >/dev/null; then
   die "gcloud is not on PATH: install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install) and run gcloud auth login"
 fi
@@ -257,10 +224,6 @@ do_cmd() {  # prints the command; runs it unless --dry-run
     echo "+ $(quote "$@")" >&2
     "$@"
   fi
-}
-
-say() {  # a line for the user (stderr; the dry run's stdout holds only commands)
-  echo "tpu_pod.sh: $*" >&2
 }
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

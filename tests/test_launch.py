@@ -21,6 +21,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch"
 SCRIPTS = ["local.sh", "slurm_gpu.sbatch", "tpu_pod.sh", "tpu_worker.sh"]
+SHARED = "common.sh"  # sourced by the launchers (not by tpu_worker.sh)
 
 # Variables the scripts read: none may leak in from the environment the tests run in.
 _READ = ("TPU_NAME", "ZONE", "ACCELERATOR_TYPE", "PROJECT", "TPU_VERSION", "TPU_SPOT", "TPU_QUEUED",
@@ -72,7 +73,8 @@ def _shellcheck():
 
 
 def test_shellcheck_passes_on_all_scripts():
-  result = subprocess.run([_shellcheck(), "-x", *(str(LAUNCH / s) for s in SCRIPTS)],
+  # (-x follows the launchers into common.sh, but reports nothing found there: it is named too.)
+  result = subprocess.run([_shellcheck(), "-x", *(str(LAUNCH / s) for s in [*SCRIPTS, SHARED])],
                           cwd=ROOT, capture_output=True, text=True)
   assert result.returncode == 0, result.stdout + result.stderr
 
@@ -85,6 +87,45 @@ def test_scripts_are_strict_bash_with_help(tmp_path, name):
   result = _script(name, "--help", env=_env(tmp_path))
   assert result.returncode == 0, result.stderr
   assert result.stdout.startswith("usage:")
+
+
+def test_launchers_find_the_shared_file_from_anywhere(tmp_path):
+  """What the launchers share (say, die, quote, the option checks) is launch/common.sh: each
+  finds it beside itself from any working directory, and a SLURM job, which runs a copy of
+  the script in a spool folder, finds it in the checkout it was submitted from
+  (SLURM_SUBMIT_DIR). tpu_worker.sh runs alone on a worker: it has its own."""
+  checkout, elsewhere, spool = tmp_path / "checkout", tmp_path / "elsewhere", tmp_path / "spool"
+  shutil.copytree(LAUNCH, checkout / "launch")
+  elsewhere.mkdir()
+  spool.mkdir()
+  shutil.copy(LAUNCH / "slurm_gpu.sbatch", spool / "slurm_script")
+  with open(checkout / "launch" / SHARED, "a") as f:  # marked: its messages say where from
+    f.write('say() { echo "$me (shared): $*" >&"$say_fd"; }\n')
+  slurm = dict(MPX_VENV=str(_venv(tmp_path)), MPX_OUT="/shared/x")
+  cases = [
+      (os.path.relpath(checkout / "launch" / "local.sh", elsewhere), ["2", "--devices"], {},
+       "local.sh (shared): --devices needs a value, e.g. --devices 2"),
+      (checkout / "launch" / "tpu_pod.sh", ["--dry-run", "logs", "--lines", "many"], TPU_VARS,
+       "tpu_pod.sh (shared): --lines needs a whole number, e.g. --lines 10; got 'many'"),
+      (spool / "slurm_script", ["--dry-run", "x", "--distributed"],
+       dict(slurm, SLURM_SUBMIT_DIR=str(checkout)),
+       "slurm_gpu.sbatch (shared): --distributed is added by this script; leave it out of "
+       "the arguments"),
+      (spool / "slurm_script", ["--dry-run", "x"], slurm,  # submitted from elsewhere
+       f"slurm_gpu.sbatch: no {spool}/common.sh: submit this script from the mpx checkout, "
+       "e.g. cd /path/to/mpx && sbatch launch/slurm_gpu.sbatch boolean_gotu --preset paper"),
+  ]
+  for script, args, extra, message in cases:
+    result = subprocess.run(["bash", str(script), *args], cwd=elsewhere,
+                            env=_env(tmp_path, **extra), capture_output=True, text=True,
+                            timeout=60)
+    assert (result.returncode, result.stderr) == (2, message + "\n"), (script, args)
+  for name in SCRIPTS:  # no copies of the shared functions left in the launchers
+    text = (LAUNCH / name).read_text()
+    defined = re.findall(
+        r"^(say|die|quote|option_value|one_word|must_be|need_var|no_added_args)\(\)", text, re.M)
+    assert defined == (["die"] if name == "tpu_worker.sh" else []), name
+    assert (f"/{SHARED}" in text) == (name != "tpu_worker.sh"), name
 
 
 # --- tpu_pod.sh -------------------------------------------------------------------------------

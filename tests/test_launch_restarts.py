@@ -1,9 +1,10 @@
 """The launchers' restart loops, against stand-ins for SLURM and gcloud, and a real one.
 
 - `slurm_gpu.sbatch` under a stand-in `sbatch` that runs the script as SLURM would
-  (SLURM_JOB_ID, SLURM_RESTART_COUNT; again while the job asked `scontrol requeue`; a
-  SIGTERM to the script for the time limit's warning), with stand-ins for `srun` (the mpx
-  step exits as each start's plan says, 143 after a SIGTERM) and `scontrol`.
+  (a copy in a spool folder, SLURM_SUBMIT_DIR, SLURM_JOB_ID, SLURM_RESTART_COUNT; again
+  while the job asked `scontrol requeue`; a SIGTERM to the script for the time limit's
+  warning), with stand-ins for `srun` (the mpx step exits as each start's plan says, 143
+  after a SIGTERM) and `scontrol`.
 - `tpu_pod.sh` under a stand-in `gcloud` that keeps a slice's state (created, READY,
   PREEMPTED, a queued resource's states) and runs the workers' commands here, each worker
   a home folder of its own (a fresh one after every create: a new VM's disk), the bucket a
@@ -55,7 +56,7 @@ def _executable(path, text):
 
 SBATCH = f'''#!{sys.executable}
 """Stand-in sbatch: runs the batch script here as SLURM would, again after each requeue."""
-import os, pathlib, signal, subprocess, sys, time
+import os, pathlib, shutil, signal, subprocess, sys, time
 state = pathlib.Path(os.environ["STANDIN"])
 args = sys.argv[1:]
 while args[0].startswith("-"):
@@ -63,13 +64,17 @@ while args[0].startswith("-"):
 script, *script_args = args
 directives = [l for l in pathlib.Path(script).read_text().splitlines() if l.startswith("#SBATCH")]
 (state / "directives").write_text("\\n".join(directives) + "\\n")
+spool = state / "spool"  # SLURM runs a copy of the script, not the file in the checkout
+spool.mkdir(exist_ok=True)
+shutil.copy(script, spool / "slurm_script")
 plan = (state / "plan").read_text().split()
 start = 0
 while True:
   (state / "requeued").unlink(missing_ok=True)
   env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT=str(start),
-             SLURM_JOB_NUM_NODES="1", SLURM_NTASKS="2", STANDIN_START=str(start))
-  job = subprocess.Popen(["bash", script, *script_args], env=env)
+             SLURM_JOB_NUM_NODES="1", SLURM_NTASKS="2", STANDIN_START=str(start),
+             SLURM_SUBMIT_DIR=os.getcwd())
+  job = subprocess.Popen(["bash", str(spool / "slurm_script"), *script_args], env=env)
   if plan[min(start, len(plan) - 1)] == "term":  # the time limit's warning: --signal=B:TERM
     deadline = time.time() + 60
     while not (state / f"running-{{start}}").exists() and time.time() < deadline:
@@ -125,8 +130,8 @@ def _slurm(tmp_path, plan, **extra):
   _executable(venv / "bin" / "mpx", "#!/bin/sh\n")
   env = _env(tmp_path, bin_dir, STANDIN=str(state), MPX_VENV=str(venv),
              MPX_OUT="/shared/runs/gotu", **extra)
-  result = subprocess.run(["sbatch", "--nodes=1", str(LAUNCH / "slurm_gpu.sbatch"),
-                           "boolean_gotu", "--preset", "paper"], env=env, capture_output=True,
+  result = subprocess.run(["sbatch", "--nodes=1", "launch/slurm_gpu.sbatch", "boolean_gotu",
+                           "--preset", "paper"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
   calls = (state / "calls").read_text().splitlines()
   jobs = (state / "jobs").read_text().splitlines()
