@@ -28,6 +28,18 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable: file order kept.
 
 
+def pytest_configure(config):
+  """A crashed xdist worker fails the run at once instead of being replaced.
+
+  With `--dist loadfile` and one worker (CI's lines, pinned to one core each), the
+  replacement of a worker that died in XLA's compile sat idle and the run hung until CI's
+  limit (seen once on Python 3.11). `--max-worker-restart N` on the command line still
+  wins.
+  """
+  if config.pluginmanager.hasplugin("xdist") and config.option.maxworkerrestart is None:
+    config.option.maxworkerrestart = 0
+
+
 def pytest_xdist_auto_num_workers(config):
   """`-n auto`: one worker per core this process may run on.
 
