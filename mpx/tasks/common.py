@@ -73,6 +73,18 @@ class PriorConfig(SweepConfig):
       raise ValueError(f"mask_layers {outside} are not layers of a depth-{self.depth} "
                        f"model; choose from 0..{self.depth - 1} (or none for all).")
 
+  @property
+  def masked_layers(self) -> tuple[int, ...]:
+    """The layers that carry a mask (`mask_layers`, None = every layer)."""
+    return tuple(range(self.depth)) if self.mask_layers is None else tuple(self.mask_layers)
+
+  def model_shape(self) -> dict:
+    """The model's shape and mask placement as every family's model takes them, so the
+    fields are passed on in one place."""
+    return dict(width=self.width, depth=self.depth, num_heads=self.num_heads,
+                head_dim=self.head_dim, mlp_dim=self.mlp_dim, mask_layers=self.mask_layers,
+                per_head_mask=self.per_head_mask)
+
 
 def scheme_labels(schemes, designs, default_design: str) -> list[tuple[str, str | None]]:
   """(label, design) per scheme: "mask" expands to `mask:<design>` per design; with only

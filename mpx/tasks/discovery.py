@@ -22,6 +22,35 @@ from mpx import priors, report as report_lib, schemes
 from mpx.attention import is_mask_path
 from mpx.sweep import engine
 
+# Route (a) reads an entry as open when σ(M) ends above its init σ(0) = 1/2; fixed on a
+# planted Boolean function before any task's unseen accuracy was looked at.
+MASK_THRESHOLD = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscoveryConfig:
+  """The fields of a discovery experiment's `learned` arm and its readout; a family's
+  Config lists it before its own base (`class Config(DiscoveryConfig, gotu.Config)`).
+
+  sparsity: weight of the pressure mean σ(M) (over every mask entry of every layer) in the
+    `learned` arm's loss; it closes what the task does not hold open.
+  discover_mask_lr_multiplier: the `learned` arm's mask learning rate, × the rest's.
+  mask_threshold: an entry is read as open when σ(M) > it (1/2: above its init).
+  persistence: the persistence diagnostics at each evaluation (False: a faster smoke test).
+  """
+  sparsity: float = 0.1
+  discover_mask_lr_multiplier: float = 10.0
+  mask_threshold: float = MASK_THRESHOLD
+  persistence: bool = True
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not (self.sparsity >= 0 and self.discover_mask_lr_multiplier > 0):
+      raise ValueError(f"sparsity={self.sparsity} must be >= 0 and discover_mask_lr_"
+                       f"multiplier={self.discover_mask_lr_multiplier} > 0 (the mask learns).")
+    if not 0 < self.mask_threshold < 1:
+      raise ValueError(f"mask_threshold={self.mask_threshold} must be in (0, 1) (a σ(M)).")
+
 
 def mask_logits_LHNN(params) -> np.ndarray:
   """The mask leaves of one member's params, `[L, H, N, N]` in layer order (a mask shared

@@ -53,34 +53,19 @@ REPORT_FILE = "discovery.md"
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(arithmetic.Config):
+class Config(discovery.DiscoveryConfig, arithmetic.Config):
   """arithmetic's Config (model, protocol, `mask_strength` and `mask_lr_multiplier` of
-  every stage-2 prior); `schemes` are this experiment's arms (`ARMS`).
-
-  sparsity: weight of the pressure mean σ(M) (every mask entry of every layer) in the
-    `learned` arm's loss; it closes what the task does not hold open.
-  discover_mask_lr_multiplier: the `learned` arm's mask learning rate, × the rest's.
-  mask_threshold: an entry is open when σ(M) > it (1/2: above its init).
-  persistence: the persistence diagnostics at each evaluation (False: a faster smoke test).
-  """
+  every stage-2 prior) and the `learned` arm's (`discovery.DiscoveryConfig`); `schemes`
+  are this experiment's arms (`ARMS`)."""
   SCHEME_NAMES: ClassVar[tuple[str, ...]] = ARMS
   tasks: tuple[str, ...] = ("addition",)
   schemes: tuple[str, ...] = ARMS
-  sparsity: float = 0.1
-  discover_mask_lr_multiplier: float = 10.0
-  mask_threshold: float = ad.MASK_THRESHOLD
-  persistence: bool = True
 
   def __post_init__(self):
     super().__post_init__()
     if "learned" not in self.schemes and any(a in DERIVED for a in self.schemes):
       raise ValueError(f"schemes {self.schemes}: discovered_mask and random_mask read "
                        "stage 1's learned masks; add learned to schemes.")
-    if not (self.sparsity >= 0 and self.discover_mask_lr_multiplier > 0):
-      raise ValueError(f"sparsity={self.sparsity} must be >= 0 and discover_mask_lr_"
-                       f"multiplier={self.discover_mask_lr_multiplier} > 0 (the mask learns).")
-    if not 0 < self.mask_threshold < 1:
-      raise ValueError(f"mask_threshold={self.mask_threshold} must be in (0, 1) (a σ(M)).")
     if self.fractions is not None and len(self.fractions) != 1:
       raise ValueError(f"fractions={self.fractions}: one data fraction per run folder (stage "
                        "2 reads one stage 1 per task); run each in its own --out.")
@@ -106,10 +91,6 @@ def _members(config: Config, task: str, arms) -> list[engine.Member]:
               "mask_lr_multiplier": multiplier.get(arm, config.mask_lr_multiplier)},
                         labels=labels)
           for arm in arms if arm in config.schemes for seed in range(config.seeds)]
-
-
-def _masked(config: Config):
-  return range(config.depth) if config.mask_layers is None else config.mask_layers
 
 
 def _group(config: Config, task: str, arms) -> engine.Group:
@@ -138,7 +119,7 @@ def _stage1_group(config: Config, task: str) -> engine.Group:
   def init(member):
     params = base.init(_default_member(member))
     if member.scheme == "learned":
-      params = discovery.learnable_masks(params, n_tokens, _masked(config))
+      params = discovery.learnable_masks(params, n_tokens, config.masked_layers)
     return params
 
   task_ = discovery.with_sparsity(dataclasses.replace(base, init=init), config.sparsity)
@@ -216,7 +197,7 @@ def _stage2_group(config: Config, task: str, stage1: stages.Reading | None
       return base.init(member)
     prior_NN = ad.discovered_prior(spec, pattern(member), member.labels["mask_strength"])
     return schemes.set_masks_per_layer(base.init(_default_member(member)),
-                                       {f"block_{i}": prior_NN for i in _masked(config)})
+                                       {f"block_{i}": prior_NN for i in config.masked_layers})
 
   def summarize(values, member):
     open_NN = pattern(member)

@@ -384,10 +384,7 @@ class Config(PriorConfig):
 
 
 def make_model(config: Config) -> TokenTransformer:
-  return causal_decoder(VOCAB_SIZE, width=config.width, depth=config.depth,
-                        num_heads=config.num_heads, head_dim=config.head_dim,
-                        mlp_dim=config.mlp_dim, mask_layers=config.mask_layers,
-                        per_head_mask=config.per_head_mask)
+  return causal_decoder(VOCAB_SIZE, **config.model_shape())
 
 
 @functools.lru_cache(maxsize=None)
@@ -421,7 +418,7 @@ def make_task(config: Config, spec: ArithmeticTask) -> engine.Task:
   the teacher-forced answer loss."""
   model = make_model(config)
   prior_NN = prior(spec, config.mask_strength)
-  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
+  masked = config.masked_layers
   model_init = _model_init(model, spec.n_tokens)
   weights_N = jnp.asarray(loss_weights(spec))
   start, answer_len = spec.prompt_len, spec.answer_digits

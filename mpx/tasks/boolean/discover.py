@@ -39,8 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mpx import priors, report as report_lib, schemes
-from mpx.sweep import engine, evaluate, optim, stages
-from mpx.sweep.data import DeviceData, EvalData
+from mpx.sweep import engine, evaluate, stages
 from mpx.tasks import boolean, discovery
 from mpx.tasks.boolean import fourier, gotu, graphs
 from mpx.tasks.boolean.graphs import InteractionGraph
@@ -60,25 +59,17 @@ REPORT_FILE = "discovery.md"
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(gotu.Config):
+class Config(discovery.DiscoveryConfig, gotu.Config):
   """boolean_gotu's Config (model, protocol, `mask_strength`, `mask_lr_multiplier` of every
-  stage-2 prior); `schemes` are this experiment's arms (`ARMS`).
+  stage-2 prior) and the `learned` arm's (`discovery.DiscoveryConfig`: route (a) reads
+  its masks at `mask_threshold`); `schemes` are this experiment's arms (`ARMS`).
 
-  sparsity: weight of the pressure mean σ(M) (over every mask entry of every layer) in the
-    `learned` arm's loss; it closes what the task does not hold open.
-  discover_mask_lr_multiplier: the `learned` arm's mask learning rate, × the rest's.
-  mask_threshold: route (a) reads an entry as open when σ(M) > it (1/2: above its init).
   fourier_threshold: route (b) keeps coefficients with |c_S| >= it × max |c_S| (S ≠ ∅).
-  persistence: the persistence diagnostics at each evaluation (False: a faster smoke test).
   """
   SCHEME_NAMES: ClassVar[tuple[str, ...]] = ARMS
   tasks: tuple[str, ...] = TASKS
   schemes: tuple[str, ...] = ARMS
-  sparsity: float = 0.1
-  discover_mask_lr_multiplier: float = 10.0
-  mask_threshold: float = graphs.MASK_THRESHOLD
   fourier_threshold: float = graphs.FOURIER_THRESHOLD
-  persistence: bool = True
 
   def __post_init__(self):
     super().__post_init__()
@@ -86,9 +77,6 @@ class Config(gotu.Config):
     if missing:
       raise ValueError(f"schemes {self.schemes}: the discovered and random arms read stage "
                        f"1's {missing}; add them to schemes.")
-    if not (self.sparsity >= 0 and self.discover_mask_lr_multiplier > 0):
-      raise ValueError(f"sparsity={self.sparsity} must be >= 0 and discover_mask_lr_"
-                       f"multiplier={self.discover_mask_lr_multiplier} > 0 (the mask learns).")
     if self.designs != ("clique",):
       raise ValueError(f"designs={self.designs}: the hand-written arm `mask` is the task's "
                        "prior (design clique); compare designs with boolean_gotu.")
@@ -96,41 +84,25 @@ class Config(gotu.Config):
     if unknown:
       raise ValueError(f"tasks {unknown} have no support, so no hand-written prior: drop "
                        "mask from schemes (or give make_task the support).")
-    if not 0 < self.mask_threshold < 1 or not 0 < self.fourier_threshold <= 1:
-      raise ValueError(f"mask_threshold={self.mask_threshold} must be in (0, 1) (a σ(M)) and "
-                       f"fourier_threshold={self.fourier_threshold} in (0, 1] (a share of "
-                       "the largest coefficient).")
+    if not 0 < self.fourier_threshold <= 1:
+      raise ValueError(f"fourier_threshold={self.fourier_threshold} must be in (0, 1] (a "
+                       "share of the largest coefficient).")
 
 
 # ----------------------------------------------------------------------------- stage 1
 
-def _group(config: Config, task: str, members: list[engine.Member]) -> engine.Group:
-  """boolean_gotu's group of `members`: its data, evaluation on the whole cube and
-  optimizer, and its persistence probe where the task has a support (the probe scores
-  attention on the task's hand-written prior). A task whose structure is unknown (no
-  support) or `persistence=False` trains the same group without the probe."""
-  spec = boolean.get_task(task)
-  if config.persistence and spec.support:
-    return gotu.make_group(config, task, members)
-  splits = {m.seed: gotu.training_split(spec, m.seed, None) for m in members}
-  if spec.protocol == "enumerate":
-    data = DeviceData(dict(zip("xy", splits[members[0].seed])), sampling="epoch")
-  else:
-    data = DeviceData({k: np.stack([splits[m.seed][i] for m in members])
-                       for i, k in enumerate("xy")}, per_member=True, sampling="epoch")
-  epochs = config.epochs if config.epochs is not None else gotu.TASK_PROTOCOL[task][1]
-  steps = epochs * (data.num_examples // config.batch_size)
-  return engine.Group(
-      name=task, members=members, task=gotu.make_task(config, task), data=data,
-      eval_data=EvalData({"x": boolean.cube(spec.n_bits)}, config.eval_points_per_call),
-      steps=steps, batch_size=config.batch_size, members_per_call=config.members_per_call,
-      optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))
+def _group(config: Config, spec: boolean.BooleanTask, members: list[engine.Member]
+           ) -> engine.Group:
+  """boolean_gotu's group of `members`, with its persistence probe where the task has a
+  support (the probe scores attention on the task's hand-written prior); a task whose
+  structure is unknown (no support) or `persistence=False` trains without it."""
+  return gotu.make_group(config, spec, members, probe=config.persistence and bool(spec.support))
 
 
-def _default_init(config: Config, task: str):
+def _default_init(config: Config, spec: boolean.BooleanTask):
   """boolean_gotu's `default` init (the model's own, neutral frozen mask), which needs no
   support: member → params."""
-  n_bits = boolean.get_task(task).n_bits
+  n_bits = spec.n_bits
   model_init, neutral = gotu.make_model_init(config, n_bits), priors.neutral(n_bits + 1)
   return lambda member: schemes.set_masks(model_init(jax.random.key(member.seed)), neutral)
 
@@ -138,6 +110,7 @@ def _default_init(config: Config, task: str):
 def _stage1_group(config: Config, task: str) -> engine.Group:
   """default and learned × seeds; the pressure is in every member's loss, where it moves
   only a learnable mask (the default's is frozen and has zero gradient)."""
+  spec = boolean.get_task(task)
   members = []
   for arm in (a for a in STAGE_1 if a in config.schemes):
     hparams = {"learning_rate": gotu_lr(config, task), "weight_decay": config.weight_decay,
@@ -146,10 +119,10 @@ def _stage1_group(config: Config, task: str) -> engine.Group:
     members += [engine.Member(task, arm, seed, hparams,
                               labels={"mask_strength": config.mask_strength})
                 for seed in range(config.seeds)]
-  group = _group(config, task, members)
-  default_init = _default_init(config, task)
-  n_tokens = boolean.get_task(task).n_bits + 1
-  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
+  group = _group(config, spec, members)
+  default_init = _default_init(config, spec)
+  n_tokens = spec.n_bits + 1
+  masked = config.masked_layers
 
   def init(member):
     params = default_init(member)
@@ -228,13 +201,13 @@ def _stage2_group(config: Config, task: str, stage1: stages.Reading | None
     members += [engine.Member(task, arm, seed, hparams, design="clique" if arm == "mask" else None,
                               labels={"mask_strength": config.mask_strength})
                 for seed in range(config.seeds)]
-  group = _group(config, task, members)
-  base, default_init = group.task, _default_init(config, task)
   spec = boolean.get_task(task)
+  group = _group(config, spec, members)
+  base, default_init = group.task, _default_init(config, spec)
   truth = graphs.true_graph(spec)
-  hand = (graphs.graph_from_open(np.asarray(gotu.task_prior(task, 1.0)) > 0)
+  hand = (graphs.graph_from_open(np.asarray(gotu.task_prior(spec, 1.0)) > 0)
           if "mask" in arms else None)
-  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
+  masked = config.masked_layers
 
   def graph(member) -> InteractionGraph:
     if member.scheme == "mask":

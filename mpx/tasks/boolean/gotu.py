@@ -79,7 +79,7 @@ class Config(PriorConfig):
           "attention='cudnn' trains wrong under the sweep engine's vmap: measured on an "
           "H200 with jax 0.11.2, a member's loss is NaN from its first step "
           "(experiments/results/accelerator_check_h200.md). Use attention=reference (the "
-          "default) or jax; MPX_MEASURE_CUDNN=1 lets benchmarks/accelerator_check.py "
+          "default) or jax; MPX_MEASURE_CUDNN=1 lets benchmarks/accelerator_check "
           "measure it again.")
     if self.learning_rate is not None and not self.learning_rate > 0:
       raise ValueError(f"learning_rate={self.learning_rate} must be > 0 (or none for the "
@@ -104,50 +104,56 @@ class Config(PriorConfig):
 
 
 
-def task_prior(task: str, strength: float) -> jax.Array:
-  """The mask prior of each task: the interaction structure of its target. Majority
-  suppresses the per-bit shortcut, Cyclic3 has its windows; any other task (2Parity and
-  the user's own) gets the clique over its `support`, or over each of its
-  `interaction_groups` when it names them."""
-  spec = boolean.get_task(task)
-  if task == "majority3":
+def task_prior(task: boolean.BooleanTask | str, strength: float) -> jax.Array:
+  """The mask prior of each task (a BooleanTask or its name): the interaction structure
+  of its target. Majority suppresses the per-bit shortcut, Cyclic3 has its windows; any
+  other task (2Parity and the user's own) gets the clique over its `support`, or over
+  each of its `interaction_groups` when it names them."""
+  spec = _resolve(task)
+  if spec.name == "majority3":
     return priors.majority_prior(spec.n_bits, spec.support, strength)
-  if task == "cyclic3":
+  if spec.name == "cyclic3":
     return priors.cyclic_prior(spec.n_bits, 3, strength)
   edges = [(i, j) for group in spec.interaction_groups for i in group for j in group
            if i != j] or None
-  return priors.parity_prior(spec.n_bits, _support(task), strength, support_edges=edges)
+  return priors.parity_prior(spec.n_bits, _support(spec), strength, support_edges=edges)
+
+
+def _resolve(task: boolean.BooleanTask | str) -> boolean.BooleanTask:
+  """The task itself: a name is looked up once, where it enters, and the task object is
+  passed on from there."""
+  return task if isinstance(task, boolean.BooleanTask) else boolean.get_task(task)
 
 
 # --------------------------------------------------------------------------- designs
-# A design maps (task, strength, depth, num_heads) to one prior per layer. Layers without
+# A design maps (task, strength, depth, num_heads) to one prior per layer (the task a
+# BooleanTask). Layers without
 # a prior get the neutral one, so designs differ only in values and share one program.
 
-def _support(task: str) -> tuple[int, ...]:
-  support = boolean.get_task(task).support
-  if not support:
-    raise ValueError(f"task {task!r} has no support: give make_task(..., support=...) the "
+def _support(spec: boolean.BooleanTask) -> tuple[int, ...]:
+  if not spec.support:
+    raise ValueError(f"task {spec.name!r} has no support: give make_task(..., support=...) the "
                      "bits its target depends on, which the mask prior is built from.")
-  return support
+  return spec.support
 
 
-def _n_tokens(task: str) -> int:
-  return boolean.get_task(task).n_bits + 1  # CLS, then one token per bit.
+def _n_tokens(spec: boolean.BooleanTask) -> int:
+  return spec.n_bits + 1  # CLS, then one token per bit.
 
 
-def _adjacency(task: str, **options) -> np.ndarray:
+def _adjacency(spec: boolean.BooleanTask, **options) -> np.ndarray:
   """The task's interaction graph with `priors.boolean_adjacency` options."""
-  n_bits = boolean.get_task(task).n_bits
-  if task == "cyclic3":
+  n_bits = spec.n_bits
+  if spec.name == "cyclic3":
     edges = [(i, j) for i in range(n_bits) for j in range(n_bits)
              if i != j and min((i - j) % n_bits, (j - i) % n_bits) < 3]
     options = {"cls_row": "all", "cls_column": "all", **options}
-    return priors.boolean_adjacency(n_bits, _support(task), support_edges=edges, **options)
-  return priors.boolean_adjacency(n_bits, _support(task), **options)
+    return priors.boolean_adjacency(n_bits, _support(spec), support_edges=edges, **options)
+  return priors.boolean_adjacency(n_bits, _support(spec), **options)
 
 
-def _tokens(task: str) -> list[int]:
-  return [b + 1 for b in _support(task)]
+def _tokens(spec: boolean.BooleanTask) -> list[int]:
+  return [b + 1 for b in _support(spec)]
 
 
 def _every_layer(prior, depth: int) -> list[jax.Array]:
@@ -272,12 +278,12 @@ MASK_DESIGNS: dict[str, Callable] = {
 }
 SEARCH_DESIGNS = tuple(MASK_DESIGNS)
 
-def mask_design(name: str, task: str, strength: float, depth: int,
+def mask_design(name: str, task: boolean.BooleanTask | str, strength: float, depth: int,
                 num_heads: int) -> list[jax.Array]:
   """The per-layer priors of design `name`; unknown names list the valid ones."""
   if name not in MASK_DESIGNS:
     raise ValueError(f"unknown mask design {name!r}; choose from {tuple(MASK_DESIGNS)}.")
-  return MASK_DESIGNS[name](task, strength, depth, num_heads)
+  return MASK_DESIGNS[name](_resolve(task), strength, depth, num_heads)
 
 
 def scheme_labels(config: Config) -> list[tuple[str, str | None]]:
@@ -286,10 +292,7 @@ def scheme_labels(config: Config) -> list[tuple[str, str | None]]:
 
 
 def make_model(config: Config) -> TokenTransformer:
-  return TokenTransformer(width=config.width, depth=config.depth,
-                          num_heads=config.num_heads, head_dim=config.head_dim,
-                          mlp_dim=config.mlp_dim, mask_layers=config.mask_layers,
-                          per_head_mask=config.per_head_mask, init_style=config.init_style,
+  return TokenTransformer(**config.model_shape(), init_style=config.init_style,
                           dtype=COMPUTE_DTYPES[config.compute_dtype],
                           implementation=config.attention)
 
@@ -300,8 +303,9 @@ def fingerprint(config: Config) -> dict:
   return {task: boolean.fingerprint(boolean.get_task(task)) for task in config.tasks}
 
 
-def members(config: Config, task: str) -> list[engine.Member]:
+def members(config: Config, task: boolean.BooleanTask | str) -> list[engine.Member]:
   """The member grid of one task: every scheme label (mask designs expanded) × seed."""
+  task = _resolve(task).name
   lr = config.learning_rate if config.learning_rate is not None else TASK_PROTOCOL[task][0]
   grid = []
   for label, design in scheme_labels(config):
@@ -314,21 +318,21 @@ def members(config: Config, task: str) -> list[engine.Member]:
   return grid
 
 
-def member_patterns(config: Config, task: str, label: str, design: str | None
-                    ) -> dict[str, np.ndarray]:
+def member_patterns(config: Config, spec: boolean.BooleanTask, label: str,
+                    design: str | None) -> dict[str, np.ndarray]:
   """{layer: allowed [H, N, N]}: the pattern a member's fidelity is scored on. A mask
   member is scored on its own design's prior in each layer (a layer the design leaves
   neutral allows everything); the others on the task's prior, which the QK schemes
   realise and the default init is compared against."""
   heads = config.num_heads
   if label.partition(":")[0] == "mask":
-    layers = mask_design(design, task, config.mask_strength, config.depth, heads)
+    layers = mask_design(design, spec, config.mask_strength, config.depth, heads)
     if config.mask_layers is not None:  # Layers without a mask leaf carry no prior.
-      layers = [p if i in config.mask_layers else priors.neutral(_n_tokens(task))
+      layers = [p if i in config.mask_layers else priors.neutral(_n_tokens(spec))
                 for i, p in enumerate(layers)]
   else:
-    layers = [task_prior(task, config.mask_strength)] * config.depth
-  n_tokens = _n_tokens(task)
+    layers = [task_prior(spec, config.mask_strength)] * config.depth
+  n_tokens = _n_tokens(spec)
   return {f"block_{i}": np.broadcast_to(np.asarray(p) > 0, (heads, n_tokens, n_tokens))
           for i, p in enumerate(layers)}
 
@@ -384,12 +388,12 @@ def _model_init(model: TokenTransformer, n_bits: int):
   return jax.jit(lambda key: model.init(key, tokens)["params"])
 
 
-def make_task(config: Config, task_name: str) -> engine.Task:
+def make_task(config: Config, task: boolean.BooleanTask | str) -> engine.Task:
   """The member-level Task: init by scheme (mask designs per layer, QK schemes from the
   task's prior), squared loss on the CLS output, the whole cube as evaluation set."""
-  spec = boolean.get_task(task_name)
+  spec = _resolve(task)
   model = make_model(config)
-  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
+  masked = config.masked_layers
   mdi = fourier.mdi_values(spec)
   unseen = ~spec.seen(boolean.cube(spec.n_bits))
   monomials = fourier.task_monomials(spec)
@@ -403,10 +407,9 @@ def make_task(config: Config, task_name: str) -> engine.Task:
     strength = member.labels["mask_strength"]
     scheme = member.scheme.partition(":")[0]
     if scheme == "mask":
-      layers = mask_design(member.design, task_name, strength, config.depth,
-                           config.num_heads)
+      layers = mask_design(member.design, spec, strength, config.depth, config.num_heads)
       return schemes.set_masks_per_layer(params, {f"block_{i}": layers[i] for i in masked})
-    return schemes.apply_scheme(scheme, params, task_prior(task_name, strength),
+    return schemes.apply_scheme(scheme, params, task_prior(spec, strength),
                                 jax.random.fold_in(key, 2), num_heads=config.num_heads,
                                 head_dim=config.head_dim, qk_opt_steps=config.qk_opt_steps,
                                 pos_scale=config.qk_pos_scale)
@@ -440,13 +443,14 @@ def make_task(config: Config, task_name: str) -> engine.Task:
   return engine.Task(init=init, loss=loss, eval_step=eval_step, summarize=summarize)
 
 
-def make_group(config: Config, task_name: str,
-               group_members: Sequence[engine.Member]) -> engine.Group:
+def make_group(config: Config, task: boolean.BooleanTask | str,
+               group_members: Sequence[engine.Member], *, probe: bool = True
+               ) -> engine.Group:
   """One task's members in one compiled group: the seen points shared by every member
   (the enumerate protocol trains on all of them; an iid task's sample is per seed), the
-  epoch protocol, Adam with coupled L2, the persistence probe on `probe_points`."""
-  spec = boolean.get_task(task_name)
-  task, model = make_task(config, task_name), make_model(config)
+  epoch protocol, Adam with coupled L2, and with `probe` the persistence probe on
+  `probe_points` (it scores attention on the task's prior, so it needs the support)."""
+  spec = _resolve(task)
   held_out = validation_points(spec) if config.select is not None else None
   splits = {m.seed: training_split(spec, m.seed, held_out) for m in group_members}
   if spec.protocol == "enumerate":
@@ -457,23 +461,29 @@ def make_group(config: Config, task_name: str,
                        "y": np.stack([splits[m.seed][1] for m in group_members])},
                       per_member=True, sampling="epoch")
   x_cube, _ = boolean.make_splits(spec, 0)["test"]
-  x_probe, y_probe, seen_probe = boolean.probe_points(spec, config.probe_size, seed=0)
-  probe = engine.Probe(
-      apply=model.apply, inputs=(boolean.tokens(x_probe),),
-      batch={"x": jnp.asarray(x_probe[seen_probe]), "y": jnp.asarray(y_probe[seen_probe])},
-      patterns=[member_patterns(config, task_name, m.scheme, m.design)
-                for m in group_members],
-      example_groups={"seen": seen_probe, "unseen": ~seen_probe},
-      map_layers=("block_0", f"block_{config.depth - 1}"))
-  epochs = config.epochs if config.epochs is not None else TASK_PROTOCOL[task_name][1]
+  epochs = config.epochs if config.epochs is not None else TASK_PROTOCOL[spec.name][1]
   steps = epochs * (data.num_examples // config.batch_size)
   return engine.Group(
-      name=task_name, members=list(group_members), task=task, data=data,
+      name=spec.name, members=list(group_members), task=make_task(config, spec), data=data,
       eval_data=EvalData({"x": x_cube}, config.eval_points_per_call), steps=steps,
-      batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
+      batch_size=config.batch_size, members_per_call=config.members_per_call,
+      probe=persistence_probe(config, spec, group_members) if probe else None,
       optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))
+
+
+def persistence_probe(config: Config, spec: boolean.BooleanTask,
+                      group_members: Sequence[engine.Member]) -> engine.Probe:
+  """The persistence diagnostics' inputs: `probe_points` and each member's pattern."""
+  x_probe, y_probe, seen_probe = boolean.probe_points(spec, config.probe_size, seed=0)
+  return engine.Probe(
+      apply=make_model(config).apply, inputs=(boolean.tokens(x_probe),),
+      batch={"x": jnp.asarray(x_probe[seen_probe]), "y": jnp.asarray(y_probe[seen_probe])},
+      patterns=[member_patterns(config, spec, m.scheme, m.design) for m in group_members],
+      example_groups={"seen": seen_probe, "unseen": ~seen_probe},
+      map_layers=("block_0", f"block_{config.depth - 1}"))
 
 
 def build_groups(config: Config) -> list[engine.Group]:
   """One group per task: its schemes (mask designs expanded) × seeds."""
-  return [make_group(config, task, members(config, task)) for task in config.tasks]
+  specs = [boolean.get_task(name) for name in config.tasks]
+  return [make_group(config, spec, members(config, spec)) for spec in specs]

@@ -121,11 +121,9 @@ class Config(PriorConfig):
 def make_model(config: Config, vocab_size: int) -> TokenTransformer:
   """The decoder every scheme shares: learned positions (zeroed and frozen by the
   no-position schemes) and a per-head mask in the chosen layers."""
-  return causal_decoder(vocab_size, width=config.width, depth=config.depth,
-                        num_heads=config.num_heads, head_dim=config.head_dim,
-                        mlp_dim=config.mlp_dim, tie_embeddings=config.tie_embeddings,
-                        mask_layers=config.mask_layers, per_head_mask=True,
-                        dtype=DTYPES[config.dtype], implementation=config.implementation)
+  return causal_decoder(vocab_size, **config.model_shape(),  # per_head_mask: checked True.
+                        tie_embeddings=config.tie_embeddings, dtype=DTYPES[config.dtype],
+                        implementation=config.implementation)
 
 
 def half_weight_pattern(seq_len: int, num_heads: int) -> np.ndarray:
@@ -244,7 +242,7 @@ def make_group(config: Config) -> engine.Group:
   group_members = members(config, tokenizer)
   probe_tokens = valid[:config.probe_size].astype(np.int32)
   pattern = half_weight_pattern(config.seq_len, config.num_heads)
-  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
+  masked = config.masked_layers
   probe = engine.Probe(
       apply=make_model(config, tokenizer.vocab_size).apply, inputs=(probe_tokens[:, :-1],),
       batch={"tokens": probe_tokens},

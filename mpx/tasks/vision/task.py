@@ -151,11 +151,9 @@ def channels(config: Config) -> int:
 
 def make_model(config: Config, classes: int | None = None) -> ViT:
   return ViT(image_size=config.image_size, patch_size=config.patch_size,
-             channels=channels(config), width=config.width, depth=config.depth,
-             num_heads=config.num_heads, head_dim=config.head_dim, mlp_dim=config.mlp_dim,
+             channels=channels(config), **config.model_shape(),
              num_classes=classes or num_classes(config), pool=config.pool,
-             pos_embed=config.pos_embed, drop_path=config.drop_path,
-             mask_layers=config.mask_layers, per_head_mask=config.per_head_mask)
+             pos_embed=config.pos_embed, drop_path=config.drop_path)
 
 
 def design_prior(config: Config, design: str, strength: float) -> jax.Array:
@@ -181,7 +179,7 @@ def member_pattern(config: Config, member: engine.Member) -> dict[str, np.ndarra
   n = n_tokens(make_model(config))
   allowed = np.broadcast_to(np.asarray(design_prior(config, design, 1.0)) > 0,
                             (config.num_heads, n, n))
-  masked = range(config.depth) if config.mask_layers is None else config.mask_layers
+  masked = config.masked_layers
   return {f"block_{i}": allowed for i in masked}
 
 
