@@ -49,10 +49,11 @@ PRESETS = {
     # boolean_gotu's cpu preset (its evaluations and checkpoints every 128 steps).
     "cpu": dict(width=64, depth=4, num_heads=4, head_dim=16, mlp_dim=64, learning_rate=1e-3,
                 epochs=8, chunk_steps=16, seeds=4, eval_every=128, checkpoint_every=128),
-    # A smoke test of both stages and the files: 2Parity, 1 seed, 24 steps of big batches.
-    "tiny": dict(tasks=("2parity",), seeds=1, width=16, depth=1, num_heads=2, head_dim=8,
-                 mlp_dim=16, learning_rate=1e-3, epochs=1, batch_size=1024, chunk_steps=4,
-                 persistence=False),
+    # A smoke test of both stages and the files: 2Parity, 1 seed, one epoch in 12 steps of
+    # a one-head width-8 model (≤ 20 s of CPU: two groups compile two of everything).
+    "tiny": dict(tasks=("2parity",), seeds=1, width=8, depth=1, num_heads=1, head_dim=8,
+                 mlp_dim=8, learning_rate=1e-3, epochs=1, batch_size=2048, chunk_steps=12,
+                 eval_points_per_call=4096, persistence=False),
 }
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The discover_boolean experiment (`mpx.tasks.boolean.discover`): its two stages end to end at the `tiny` preset (stage 2
 reads stage 1's checkpoint, fresh and on a resume), the files it writes, and the refusals.
-`tiny` (24 steps of a width-16 model) discovers nothing worth training with: it checks the
+`tiny` (12 steps of a one-head width-8 model) discovers nothing worth training with: it checks the
 plumbing, not the method (tests/test_discover.py does)."""
 
 import dataclasses
@@ -54,7 +54,7 @@ def test_stage2_trains_with_the_graphs_derived_from_stage1(tiny_run):
   record = discovered["tasks"]["2parity"]
   assert record["truth"] == {"bits": [0, 1], "pairs": [[0, 1]]}
   seed = record["seeds"]["0"]
-  assert len(seed["mask_layers"]) == 1 and len(seed["mask_layers"][0]) == 2  # [L][H].
+  assert len(seed["mask_layers"]) == 1 and len(seed["mask_layers"][0]) == 1  # [L][H].
   assert np.asarray(seed["mask_sigma_max"]).shape == (16, 16)
   records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
   trained = {r["scheme"]: r["graph"] for r in records if "graph" in r}
@@ -113,8 +113,9 @@ def test_stage2_reads_the_graphs_planted_in_stage1(tmp_path, monkeypatch):
   mask opens CLS→x1, x3 in head 0 and x1→x3 in head 1 (route (a): bits {1, 3}, pair
   (1, 3)); the default member's output is x0·x1 + 0.3·x5 (route (b): bits {0, 1, 5}, pair
   (0, 1)). 2Parity's true graph is bits {0, 1}, pair (0, 1). Stage 2 reads the planted
-  checkpoint as a run does, records and scores the graphs, and starts from their priors."""
-  config = config_lib.make_config(dp, "tiny")[1]
+  checkpoint as a run does, records and scores the graphs, and starts from their priors.
+  Two heads, so that route (a) reads their union (tiny has one)."""
+  config = config_lib.make_config(dp, "tiny", ["num_heads=2", "head_dim=4"])[1]
   planted_fn = lambda params, batch: {"pred": batch["x"][:, 0] * batch["x"][:, 1]
                                       + 0.3 * batch["x"][:, 5]}
   real = study._stage1_group
