@@ -268,8 +268,8 @@ def test_run_experiment_help_names_every_key_default_and_preset(capsys):
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "boolean_coverage", "boolean_gotu",
-                                  "discover_arithmetic", "discover_boolean", "language",
-                                  "vision"])
+                                  "discover_arithmetic", "discover_boolean",
+                                  "discover_planted", "language", "vision"])
 def test_every_config_key_has_a_description(name):
   """The help reads the descriptions from the Config docstrings: a new field without one
   would be listed bare."""

@@ -42,6 +42,14 @@ def test_the_boolean_studies_train_boolean_gotus_model(preset):
   assert {k: v for k, v in coverage.items() if k not in ("schemes", "tasks")} == gotu
 
 
+def test_discover_planted_cpu_is_discover_booleans_cpu_model():
+  """discover_planted's cpu preset is boolean_gotu's cpu model (as discover_boolean's),
+  with at least 2 seeds."""
+  planted = _preset("discover_planted", "cpu")
+  assert {k: planted[k] for k in MODEL} == {k: _preset("boolean_gotu", "cpu")[k] for k in MODEL}
+  assert planted["seeds"] >= 2
+
+
 def test_discover_arithmetic_quick_is_arithmetics_quick():
   theirs = {k: v for k, v in _preset("arithmetic", "quick").items() if k != "schemes"}
   assert _preset("discover_arithmetic", "quick") == theirs

@@ -16,7 +16,9 @@ largest, per seed. Each graph becomes a ±mask_strength prior in every layer
 hand-written prior does:
   mask                 the hand-written prior (gotu's `mask` scheme);
   discovered_mask      route (a)'s graph;   random_mask      a random graph of its size;
-  discovered_fourier   route (b)'s graph;   random_fourier   a random graph of its size.
+  discovered_fourier   route (b)'s graph;   random_fourier   a random graph of its size;
+  support_mask / support_fourier  (`SUPPORT_ARMS`, not in `ARMS`: discover_planted's) the
+                       true support with as many random pairs among it as the route's graph.
 
 The stage-2 members carry the graph they trained with and its precision / recall of
 support bits and pairs against the task's true graph (`graphs.true_graph`, the target's
@@ -53,6 +55,13 @@ DERIVED = {"discovered_mask": ("learned", "mask"), "random_mask": ("learned", "r
            "discovered_fourier": ("default", "fourier"),
            "random_fourier": ("default", "random_fourier")}
 ARMS = STAGE_1 + ("mask",) + tuple(DERIVED)
+# The controls that separate "which bits" from "which pairs" (discover_planted's; not in
+# ARMS, so discover_boolean's runs are as before): the task's true support with as many
+# random pairs among it as the route's graph has (`graphs.support_like`).
+SUPPORT_ARMS = {"support_mask": ("learned", "support_mask"),
+                "support_fourier": ("default", "support_fourier")}
+ALL_DERIVED = DERIVED | SUPPORT_ARMS
+ALL_ARMS = ARMS + tuple(SUPPORT_ARMS)
 SCORES = ("bit_precision", "bit_recall", "pair_precision", "pair_recall")
 DISCOVERED_FILE = "discovered.json"
 REPORT_FILE = "discovery.md"
@@ -73,7 +82,8 @@ class Config(discovery.DiscoveryConfig, gotu.Config):
 
   def __post_init__(self):
     super().__post_init__()
-    missing = sorted({DERIVED[a][0] for a in self.schemes if a in DERIVED} - set(self.schemes))
+    missing = sorted({ALL_DERIVED[a][0] for a in self.schemes if a in ALL_DERIVED}
+                     - set(self.schemes))
     if missing:
       raise ValueError(f"schemes {self.schemes}: the discovered and random arms read stage "
                        f"1's {missing}; add them to schemes.")
@@ -173,7 +183,12 @@ def read_graphs(config: Config, task: str, group: engine.Group, state: engine.Sw
       route = "fourier"
     out[f"random_{route}"] = graphs.random_like(
         out[route], [seed, zlib.crc32(f"{task}/{route}".encode())])
-    for name in (route, f"random_{route}"):
+    names = [route, f"random_{route}"]
+    if f"support_{route}" in config.schemes:  # Only where trained: discover_boolean's
+      out[f"support_{route}"] = graphs.support_like(  # discovered.json is as before.
+          out[route], truth, [seed, zlib.crc32(f"{task}/support_{route}".encode())])
+      names.append(f"support_{route}")
+    for name in names:
       entry[name] = out[name].to_json() | graphs.score(out[name], truth)
   data = stages.record(
       run_dir / DISCOVERED_FILE, task,
@@ -181,7 +196,7 @@ def read_graphs(config: Config, task: str, group: engine.Group, state: engine.Sw
       {"thresholds": {"mask": config.mask_threshold, "fourier": config.fourier_threshold}},
       trained_with=lambda entry: {
           seed: {g: {"bits": e[g]["bits"], "pairs": e[g]["pairs"]}
-                 for _, g in DERIVED.values() if g in e}
+                 for _, g in ALL_DERIVED.values() if g in e}
           for seed, e in entry["seeds"].items()})
   plot_discovered(task, data["tasks"][task], run_dir / "plots" / f"discovered_{task}.png")
   return found
@@ -193,7 +208,7 @@ def read_graphs(config: Config, task: str, group: engine.Group, state: engine.Sw
 def _stage2_group(config: Config, task: str, stage1: stages.Reading | None
                   ) -> engine.Group:
   """The hand-written prior and the priors of stage 1's graphs, × seeds."""
-  arms = [a for a in ARMS if a in config.schemes and a not in STAGE_1]
+  arms = [a for a in ALL_ARMS if a in config.schemes and a not in STAGE_1]
   members = []
   for arm in arms:
     hparams = {"learning_rate": gotu_lr(config, task), "weight_decay": config.weight_decay,
@@ -212,7 +227,7 @@ def _stage2_group(config: Config, task: str, stage1: stages.Reading | None
   def graph(member) -> InteractionGraph:
     if member.scheme == "mask":
       return hand
-    return stage1.value()[member.seed][DERIVED[member.scheme][1]]
+    return stage1.value()[member.seed][ALL_DERIVED[member.scheme][1]]
 
   def init(member):
     if member.scheme == "mask":
@@ -321,7 +336,7 @@ def discovery_table(summary: dict, task: str) -> str:
       [m for m in members if m["task"] == task], ["accuracy_unseen", *SCORES])}
   lines = ["| arm | unseen accuracy (%) | bit precision | bit recall | pair precision | "
            "pair recall | unseen accuracy per seed (%) |", "|" + "---|" * 7]
-  for arm in ARMS:
+  for arm in ALL_ARMS:
     if arm not in rows:
       continue
     r = rows[arm]
@@ -373,7 +388,7 @@ def report(run_dir, *more_run_dirs) -> list[str]:
               f"{len(record['truth']['pairs'])} pairs.\n"]
     # Which stage-1 arm each route reads, and its seen accuracy: a graph is worth as much
     # as the fit it was read from (route (b)'s cut is relative: noise gives a graph too).
-    read_from = {graph: arm for arm, graph in DERIVED.values()}
+    read_from = {graph: arm for arm, graph in ALL_DERIVED.values()}
     seen = {(m["scheme"], m["seed"]): m["metrics"].get("accuracy_seen")
             for m in summary["members"] if m["task"] == task}
     for seed, entry in sorted(record["seeds"].items(), key=lambda kv: int(kv[0])):

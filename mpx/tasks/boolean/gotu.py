@@ -126,9 +126,9 @@ def _resolve(task: boolean.BooleanTask | str) -> boolean.BooleanTask:
 
 
 # --------------------------------------------------------------------------- designs
-# A design maps (task, strength, depth, num_heads) to one prior per layer (the task a
-# BooleanTask). Layers without
-# a prior get the neutral one, so designs differ only in values and share one program.
+# A design maps (task, strength, depth, num_heads) to one prior per layer, the task a
+# BooleanTask. Layers without a prior get the neutral one, so designs differ only in values
+# and share one program.
 
 def _support(spec: boolean.BooleanTask) -> tuple[int, ...]:
   if not spec.support:

@@ -22,7 +22,8 @@ trained on the seen points (never a label of an unseen point):
 `true_graph` is the same reading of the target's own spectrum (every non-zero
 coefficient), so a route that recovers the target's function recovers the true graph.
 `score` gives precision and recall of support bits and pairs; `random_like` is the
-control, a random graph of the same size. `InteractionGraph.prior` builds the mask prior
+control, a random graph of the same size, and `support_like` the true support with random
+pairs of the same count. `InteractionGraph.prior` builds the mask prior
 (`mpx.priors.from_interactions`).
 
 What no route can find: a bit that the seen data holds fixed carries no information about
@@ -256,6 +257,24 @@ def random_like(graph: InteractionGraph, seed: int | Sequence[int]) -> Interacti
   candidates = list(itertools.combinations(bits, 2))
   picked = rng.choice(len(candidates), size=len(graph.pairs), replace=False) if candidates else []
   return InteractionGraph(graph.n_bits, tuple(bits), tuple(candidates[i] for i in picked))
+
+
+def support_like(graph: InteractionGraph, truth: InteractionGraph,
+                 seed: int | Sequence[int]) -> InteractionGraph:
+  """The control of "which pairs" alone: `truth`'s support bits, with as many pairs drawn
+  at random among them as `graph` has (all of them where it has more), seeded as
+  `random_like` (`np.random.default_rng(seed)`). Against `random_like` (random bits too)
+  it separates finding the bits from finding the pairs."""
+  if graph.n_bits != truth.n_bits:
+    raise ValueError(f"graphs of {graph.n_bits} and {truth.n_bits} bits do not compare.")
+  if truth.empty:
+    raise ValueError("the true graph has no support bit to draw pairs among; this control "
+                     "needs a task whose target depends on some bit.")
+  rng = np.random.default_rng(seed)
+  candidates = list(itertools.combinations(truth.bits, 2))
+  size = min(len(graph.pairs), len(candidates))
+  picked = sorted(rng.choice(len(candidates), size=size, replace=False).tolist())
+  return InteractionGraph(truth.n_bits, truth.bits, tuple(candidates[i] for i in picked))
 
 
 def graphs_to_json(graphs: Iterable) -> list:

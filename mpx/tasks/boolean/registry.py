@@ -207,7 +207,7 @@ def register_task(task: BooleanTask) -> BooleanTask:
   if not isinstance(task, BooleanTask):
     raise ValueError(f"register_task takes a BooleanTask (from make_task); got "
                      f"{type(task).__name__}.")
-  if task.name in _BUILTIN or task.name in _coverage().TASKS:
+  if any(task.name in names for names in (_BUILTIN, _coverage().TASKS, _planted().TASKS)):
     raise ValueError(f"{task.name!r} is a built-in task; give yours another name.")
   _REGISTERED[task.name] = task
   return task
@@ -220,10 +220,17 @@ def _coverage():
   return coverage
 
 
+def _planted():
+  """The planted benchmark's tasks (`planted.TASKS`), imported on first use: that module
+  builds on this one."""
+  from mpx.tasks.boolean import planted
+  return planted
+
+
 def task_names() -> tuple[str, ...]:
-  """The built-in tasks (the paper's, then the coverage study's), then the registered
-  ones."""
-  builtin = TASKS + _coverage().TASK_NAMES
+  """The built-in tasks (the paper's, the coverage study's, the planted benchmark's),
+  then the registered ones."""
+  builtin = TASKS + _coverage().TASK_NAMES + _planted().TASK_NAMES
   return builtin + tuple(n for n in _REGISTERED if n not in builtin)
 
 
@@ -236,6 +243,8 @@ def get_task(name: str) -> BooleanTask:
     return _builtin_task(name)
   if name in _coverage().TASKS:
     return _coverage().boolean_task(name)
+  if name in _planted().TASKS:
+    return _planted().boolean_task(name)
   raise ValueError(f"unknown Boolean task {name!r}; valid names: "
                    f"{', '.join(task_names())} (define yours with make_task and "
                    "register_task).")
