@@ -58,6 +58,13 @@ PRESETS = {
     # Lee et al.'s NanoGPT (6 × 384, 6 heads, ~10.6 M params), 5,000 steps (GPU).
     "paper": dict(seeds=5, chunk_steps=250, eval_every=1000, checkpoint_every=1000,
                   eval_batch=1000),
+    # The multiplication row on one CPU core: a 4 × 128 decoder, 6,000 steps of batch 128
+    # (the default learns here: 2.4% sequence / 64% digit accuracy at 3,000 steps in the
+    # search, experiments/results/arithmetic_cpu.md); ≈ 1.5 h of one core for 6 members.
+    "cpu": dict(tasks=("multiplication",), schemes=("default", "qk_opt", "mask"), seeds=2,
+                width=128, depth=4, num_heads=4, head_dim=32, mlp_dim=512, batch_size=128,
+                learning_rate=1e-3, steps=6000, warmup_steps=100, chunk_steps=100,
+                eval_every=1000, checkpoint_every=500),
     # Seconds: for the tests.
     "tiny": dict(tasks=("addition",), schemes=("default", "mask"), seeds=1, width=16,
                  depth=1, num_heads=2, head_dim=8, mlp_dim=32, batch_size=32, steps=20,
