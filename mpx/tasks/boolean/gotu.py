@@ -318,12 +318,13 @@ def members(config: Config, task: boolean.BooleanTask | str) -> list[engine.Memb
   return grid
 
 
-def member_patterns(config: Config, spec: boolean.BooleanTask, label: str,
+def member_patterns(config: Config, task: boolean.BooleanTask | str, label: str,
                     design: str | None) -> dict[str, np.ndarray]:
   """{layer: allowed [H, N, N]}: the pattern a member's fidelity is scored on. A mask
   member is scored on its own design's prior in each layer (a layer the design leaves
   neutral allows everything); the others on the task's prior, which the QK schemes
   realise and the default init is compared against."""
+  spec = _resolve(task)
   heads = config.num_heads
   if label.partition(":")[0] == "mask":
     layers = mask_design(design, spec, config.mask_strength, config.depth, heads)
