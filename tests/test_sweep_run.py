@@ -205,6 +205,7 @@ def test_ctrl_c_saves_like_sigterm_in_one_line_and_a_second_stops_at_once(
   stop at once, in one line, exit 130, with nothing saved past the last checkpoint."""
   from mpx.sweep import config as config_module
   sets = ["--set", "checkpoint_every=8"]  # Step 4 (the signals' step) is saved for Ctrl-C only.
+  before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN in a background job.
   for signals, saved in (((signal.SIGINT,), 4), ((signal.SIGINT, signal.SIGINT), None)):
     out = tmp_path / f"sigint{len(signals)}"
     experiment = _signalled_toy(signals)
@@ -214,7 +215,7 @@ def test_ctrl_c_saves_like_sigterm_in_one_line_and_a_second_stops_at_once(
     assert len(err) == 1 and "Ctrl-C" in err[0], err
     with checkpoint.Checkpointer(epath.Path(out) / "checkpoints" / "toy_a") as ckpt:
       assert ckpt.latest_step() == saved
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Restored.
+    assert signal.getsignal(signal.SIGINT) is before  # Restored.
   monkeypatch.undo()
   assert cli.main(["run", TOY, "--no-plots", "--out", str(tmp_path / "sigint1"), *sets,
                    "--resume"]) == 0
