@@ -199,7 +199,7 @@ def planted_stage1():
   config = dp.Config(tasks=("planted_pairs",), schemes=dp.STAGE_1, seeds=1, width=16,
                      depth=2, num_heads=2, head_dim=8, mlp_dim=16, learning_rate=3e-3,
                      epochs=40, batch_size=64, chunk_steps=56, persistence=False)
-  group = dp._stage1_group(config, "planted_pairs")
+  group = dp.stage1_group(config, "planted_pairs")
   state, metrics = run.fit(group, config.chunk_steps)
   return group, state, metrics
 

@@ -118,8 +118,8 @@ def test_stage2_reads_the_graphs_planted_in_stage1(tmp_path, monkeypatch):
   config = config_lib.make_config(dp, "tiny", ["num_heads=2", "head_dim=4"])[1]
   planted_fn = lambda params, batch: {"pred": batch["x"][:, 0] * batch["x"][:, 1]
                                       + 0.3 * batch["x"][:, 5]}
-  real = study._stage1_group
-  monkeypatch.setattr(study, "_stage1_group", lambda *a: (lambda g: dataclasses.replace(
+  real = study.stage1_group
+  monkeypatch.setattr(study, "stage1_group", lambda *a: (lambda g: dataclasses.replace(
       g, task=dataclasses.replace(g.task, eval_step=planted_fn)))(real(*a)))
   stage1, stage2 = dp.build_groups(config, run_dir=tmp_path)
   assert [m.scheme for m in stage1.members] == ["default", "learned"]
@@ -223,7 +223,7 @@ def test_the_learned_arm_starts_as_standard_attention():
   """Its init is the default's with M = 0 instead of 200: the same function to float
   rounding (log σ(0) shifts every logit of a row alike), and a mask with a gradient."""
   config = config_lib.make_config(dp, "tiny", ["sparsity=0"])[1]  # The task's gradient alone.
-  group = study._stage1_group(config, "2parity")
+  group = study.stage1_group(config, "2parity")
   default, learned = (group.task.init(m) for m in group.members)
   x = jnp.asarray(boolean.cube(15)[::97])
   batch = {"x": x, "y": jnp.ones(len(x))}

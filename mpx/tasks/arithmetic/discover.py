@@ -109,7 +109,7 @@ def _default_member(member: engine.Member) -> engine.Member:
 # ----------------------------------------------------------------------------- stage 1
 
 
-def _stage1_group(config: Config, task: str) -> engine.Group:
+def stage1_group(config: Config, task: str) -> engine.Group:
   """default and learned × seeds, arithmetic's group; the pressure is in every member's
   loss, where it moves only the learnable mask."""
   group = _group(config, task, STAGE_1)
@@ -180,7 +180,7 @@ def _task_json(spec: arithmetic.ArithmeticTask) -> dict:
 # ----------------------------------------------------------------------------- stage 2
 
 
-def _stage2_group(config: Config, task: str, stage1: stages.Reading | None
+def stage2_group(config: Config, task: str, stage1: stages.Reading | None
                   ) -> engine.Group:
   """The hand-written prior and the priors of stage 1's patterns, × seeds."""
   spec = spec_of(config, task)
@@ -224,8 +224,8 @@ def fingerprint(config: Config) -> dict:
 def build_groups(config: Config, run_dir=None) -> list[engine.Group]:
   """Per task: stage 1 (default, learned), then stage 2 (the priors, reading stage 1's
   final checkpoint in `run_dir`), in that order."""
-  return stages.two_stages(NAME, config, run_dir, STAGE_1, _stage1_group, read_patterns,
-                           _stage2_group)
+  return stages.two_stages(NAME, config, run_dir, STAGE_1, stage1_group, read_patterns,
+                           stage2_group)
 
 
 # ----------------------------------------------------------------------------- the report

@@ -117,7 +117,7 @@ def _default_init(config: Config, spec: boolean.BooleanTask):
   return lambda member: schemes.set_masks(model_init(jax.random.key(member.seed)), neutral)
 
 
-def _stage1_group(config: Config, task: str) -> engine.Group:
+def stage1_group(config: Config, task: str) -> engine.Group:
   """default and learned × seeds; the pressure is in every member's loss, where it moves
   only a learnable mask (the default's is frozen and has zero gradient)."""
   spec = boolean.get_task(task)
@@ -205,7 +205,7 @@ def read_graphs(config: Config, task: str, group: engine.Group, state: engine.Sw
 # ----------------------------------------------------------------------------- stage 2
 
 
-def _stage2_group(config: Config, task: str, stage1: stages.Reading | None
+def stage2_group(config: Config, task: str, stage1: stages.Reading | None
                   ) -> engine.Group:
   """The hand-written prior and the priors of stage 1's graphs, × seeds."""
   arms = [a for a in ALL_ARMS if a in config.schemes and a not in STAGE_1]
@@ -260,8 +260,8 @@ def fingerprint(config: Config) -> dict:
 def build_groups(config: Config, run_dir=None) -> list[engine.Group]:
   """Per task: stage 1 (default, learned), then stage 2 (the priors, reading stage 1's
   final checkpoint in `run_dir`), in that order."""
-  return stages.two_stages(NAME, config, run_dir, STAGE_1, _stage1_group, read_graphs,
-                           _stage2_group)
+  return stages.two_stages(NAME, config, run_dir, STAGE_1, stage1_group, read_graphs,
+                           stage2_group)
 
 
 def discover(task: boolean.BooleanTask | str, out_dir, *, preset: str = "quick",
@@ -347,7 +347,7 @@ def discovery_table(summary: dict, task: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _read(run_dirs) -> tuple[dict, dict]:
+def read_runs(run_dirs) -> tuple[dict, dict]:
   """The runs' summary.json members and discovered.json tasks, joined (pieces of one study
   run as `--set tasks=...`); their thresholds must agree."""
   summaries, discovered = [], []
@@ -371,7 +371,7 @@ def report(run_dir, *more_run_dirs) -> list[str]:
   configuration, e.g. the tasks run in pieces); writes RUN_DIR/discovery.md (a table per
   task, each seed's graphs) and redraws RUN_DIR/plots/discovered_TASK.png."""
   run_dir = pathlib.Path(run_dir)
-  summary, discovered = _read([run_dir, *more_run_dirs])
+  summary, discovered = read_runs([run_dir, *more_run_dirs])
   written = []
   parts = [f"# Discovering the prior ({summary['experiment']}, preset {summary['preset']})\n",
            "Unseen sign accuracy and the precision / recall of the graph each arm trained "

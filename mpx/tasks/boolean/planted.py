@@ -298,8 +298,8 @@ def build_groups(config: Config, run_dir=None):
   """discover_boolean's groups (`discover.build_groups`) on the planted tasks: per task,
   stage 1, then stage 2 reading stage 1's final checkpoint in `run_dir`."""
   from mpx.sweep import stages
-  return stages.two_stages(NAME, config, run_dir, discover.STAGE_1, discover._stage1_group,
-                           _read_and_record, discover._stage2_group)
+  return stages.two_stages(NAME, config, run_dir, discover.STAGE_1, discover.stage1_group,
+                           _read_and_record, discover.stage2_group)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -479,7 +479,7 @@ def report(run_dir, *more_run_dirs) -> list[str]:
   run_dir = pathlib.Path(run_dir)
   dirs = [run_dir, *map(pathlib.Path, more_run_dirs)]
   written = discover.report(*dirs)
-  summary, _ = discover._read(dirs)
+  summary, _ = discover.read_runs(dirs)
   tasks = task_rows(summary)
   lines = ["| task | default | true graph | (a) mask | (b) Fourier | default extrapolates |",
            "|---|---|---|---|---|---|"]
