@@ -248,6 +248,12 @@ def _curves(records, value_fn) -> dict:
   return _seed_curves(histories)
 
 
+def _over_training(curves, task: str) -> bool:
+  """Whether a cell of `task` has two evaluations or more: a run evaluated only at its end
+  has no curve to draw (its final values are in the overview)."""
+  return any(cell[0] == task and len(steps) > 1 for cell, (steps, *_) in curves.items())
+
+
 def curve_figure(curves, task: str, metric: str, varying: Sequence[str],
                  colors: Mapping[str, str], title: str):
   """One metric of one task over training: a line per cell of `curves` (`_curves`)."""
@@ -579,11 +585,11 @@ def _file_name(name: str) -> str:
 def plot_run(run_dir) -> list[str]:
   """Figures of a run into RUN_DIR/plots/; returns the files written. Once summary.json is
   there: first `plot_overview`, and the headline metric against the data fraction when
-  the members record one. From metrics.jsonl per task: one figure per metric (a line per
-  scheme and group, mean over seeds with a min–max band); per-layer persistence metrics
-  and attention heatmaps (init, mid, end beside the prior) for the first and last layer,
-  and the degree profile over training, when the run recorded them. All figures share
-  one `scheme_colors`."""
+  the members record one. From metrics.jsonl per task: one figure per metric evaluated
+  twice or more (a line per scheme and group, mean over seeds with a min–max band);
+  per-layer persistence metrics and attention heatmaps (init, mid, end beside the prior)
+  for the first and last layer, and the degree profile over training, when the run
+  recorded them. All figures share one `scheme_colors`."""
   run_dir = pathlib.Path(run_dir)
   _pyplot()  # A missing matplotlib fails here, before anything is written.
   records = report.read_metrics(run_dir)
@@ -605,7 +611,7 @@ def plot_run(run_dir) -> list[str]:
   for metric in CURVE_METRICS:
     curves = _curves(records, lambda r: r.get(metric))
     for task in tasks:
-      if any(cell[0] == task for cell in curves):
+      if _over_training(curves, task):
         fig = curve_figure(curves, task, metric, varying[task], colors, f"{task}: {metric}")
         written.append(_save(fig, out_dir / f"{task}_{metric}.png"))
   layers = sorted({layer for r in records for layer in r.get("layers") or {}},
@@ -615,7 +621,7 @@ def plot_run(run_dir) -> list[str]:
     for metric in LAYER_METRICS:
       curves = _curves(records, lambda r: (r.get("layers") or {}).get(layer, {}).get(metric))
       for task in tasks:
-        if any(cell[0] == task for cell in curves):
+        if _over_training(curves, task):
           fig = curve_figure(curves, task, metric, varying[task], colors,
                              f"{task}, {layer}: {metric}")
           written.append(_save(fig, out_dir / _file_name(f"{task}_{layer}_{metric}.png")))

@@ -41,9 +41,9 @@ def _members():
           for (task, scheme), accs in FINAL.items() for seed, acc in enumerate(accs)]
 
 
-def _write_run(run_dir, *, fidelity=True, summary=True):
+def _write_run(run_dir, *, fidelity=True, summary=True, steps=STEPS):
   with report.MetricsWriter(run_dir) as w:
-    for step in STEPS:
+    for step in steps:
       records = []
       for m in _members():
         extra = {}
@@ -88,6 +88,14 @@ def test_plot_run_draws_the_overview_first(tmp_path):
   assert (tmp_path / "plots" / "overview.png").stat().st_size > 0
   (tmp_path / "summary.json").unlink()  # Still training: the curves, no overview.
   assert all(not p.endswith("overview.png") for p in plotting.plot_run(tmp_path))
+
+
+def test_a_run_evaluated_once_has_no_curves(tmp_path):
+  names = {pathlib.Path(p).name for p in plotting.plot_run(_write_run(tmp_path, steps=(30,)))}
+  assert names == {"overview.png"}
+  names = {pathlib.Path(p).name
+           for p in plotting.plot_run(_write_run(tmp_path / "twice", steps=(20, 30)))}
+  assert {"2parity_accuracy.png", "cyclic3_accuracy.png"} <= names
 
 
 def test_summary_md_links_the_overview(tmp_path):

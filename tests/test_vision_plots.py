@@ -1,6 +1,7 @@
 """`mpx plot` draws every figure of a vision run (so `mpx run vision` ends with its plots):
 the fraction curve takes vision's headline metric (accuracy), the heatmaps name the
-patches. The `tiny` preset: one group, 8 steps."""
+patches. The `tiny` preset (one group, 8 steps) evaluated at steps 4 and 8, so that it has
+curves to draw (a run evaluated once has none: its final values are in the overview)."""
 
 import pytest
 
@@ -17,7 +18,8 @@ from test_plotting import _record_figures  # noqa: E402
 def test_mpx_plot_draws_every_figure_of_a_vision_run(tmp_path, monkeypatch, capsys):
   monkeypatch.setenv("MPX_CACHE_DIR", str(tmp_path / "mpx-cache"))
   run_dir = tmp_path / "run"
-  run.run_experiment(config_lib.load_experiment("vision"), preset="tiny", out_dir=run_dir)
+  run.run_experiment(config_lib.load_experiment("vision"), preset="tiny", out_dir=run_dir,
+                     overrides=["eval_every=4"])
   drawn = _record_figures(monkeypatch)
   assert cli.main(["plot", str(run_dir)]) == 0
   assert f"wrote {len(drawn)} PNG files in {run_dir}/plots" in capsys.readouterr().out
