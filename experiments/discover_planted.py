@@ -24,8 +24,10 @@ folder per `--set tasks=...`, outside the work tree) and report them together.
 
 Presets: `tiny` a smoke test (1 task of 15 bits, one seed, a width-8 model, 8 steps);
 `quick` every task, a small model, 2 seeds, the final evaluation only (measured: 28 CPU
-minutes pinned to one core, 1,684 s user + sys); `cpu` boolean_gotu's cpu model (4 layers × 64, 4 heads) as
-discover_boolean's cpu preset, 2 seeds, evaluated and checkpointed every 128 steps.
+minutes pinned to one core; 14.6 min on 2 cores as two folders of ten tasks, one per core,
+then one report: docs/discover.md; results: experiments/results/discover_planted_quick.md);
+`cpu` boolean_gotu's cpu model (4 layers × 64, 4 heads) as discover_boolean's cpu preset,
+2 seeds, evaluated and checkpointed every 128 steps (roughly an hour of one core per task).
 """
 
 import sys
