@@ -401,7 +401,7 @@ def plot_graphs(summary: dict, path) -> str:
   from mpx import plotting
   by = unseen_by_task_seed(summary)
   fig, axes = plotting.subplots(1, 2, (10.0, 4.8), right=0.2, bottom=0.9, top=0.4,
-                                wspace=0.45)
+                                wspace=0.85)
   rng = np.random.default_rng(0)
   for col, what in enumerate(("bit", "pair")):
     ax = axes[0, col]
