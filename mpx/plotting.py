@@ -585,11 +585,11 @@ def _file_name(name: str) -> str:
 def plot_run(run_dir) -> list[str]:
   """Figures of a run into RUN_DIR/plots/; returns the files written. Once summary.json is
   there: first `plot_overview`, and the headline metric against the data fraction when
-  the members record one. From metrics.jsonl per task: one figure per metric evaluated
-  twice or more (a line per scheme and group, mean over seeds with a min–max band);
-  per-layer persistence metrics and attention heatmaps (init, mid, end beside the prior)
-  for the first and last layer, and the degree profile over training, when the run
-  recorded them. All figures share one `scheme_colors`."""
+  the members record one. From metrics.jsonl per task: one figure per metric (a line per
+  scheme and group, mean over seeds with a min–max band); per-layer persistence metrics
+  and attention heatmaps (init, mid, end beside the prior) for the first and last layer,
+  and the degree profile over training, when the run recorded them; curves only where a
+  metric was evaluated twice or more. All figures share one `scheme_colors`."""
   run_dir = pathlib.Path(run_dir)
   _pyplot()  # A missing matplotlib fails here, before anything is written.
   records = report.read_metrics(run_dir)
@@ -631,8 +631,9 @@ def plot_run(run_dir) -> list[str]:
         tokens = token_labels(run_config, task, len(maps[0]["prior_pattern"]))
         fig = attention_figure(records, task, layer, varying[task], colors, tokens)
         written.append(_save(fig, out_dir / _file_name(f"{task}_{layer}_attention.png"), dpi=90))
+  degree_curves = _curves(records, lambda r: r.get("degree_profile"))
   for task in tasks:
-    if any("degree_profile" in r for r in records if r["task"] == task):
+    if _over_training(degree_curves, task):
       fig = degree_figure(records, task, varying[task], colors)
       written.append(_save(fig, out_dir / f"{task}_degree_profile.png", dpi=100))
   return written

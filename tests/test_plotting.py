@@ -93,6 +93,9 @@ def test_plot_run_draws_the_overview_first(tmp_path):
 def test_a_run_evaluated_once_has_no_curves(tmp_path):
   names = {pathlib.Path(p).name for p in plotting.plot_run(_write_run(tmp_path, steps=(30,)))}
   assert names == {"overview.png"}
+  _boolean_run(tmp_path / "once", steps=(20,))  # Layers, maps and degree profiles too.
+  names = {pathlib.Path(p).name for p in plotting.plot_run(tmp_path / "once")}
+  assert names == {"overview.png", "2parity_block_0_attention.png"}, names
   names = {pathlib.Path(p).name
            for p in plotting.plot_run(_write_run(tmp_path / "twice", steps=(20, 30)))}
   assert {"2parity_accuracy.png", "cyclic3_accuracy.png"} <= names
@@ -188,7 +191,7 @@ def drawn(monkeypatch):
 SCHEMES = ("default", "qk_svd", "qk_opt", "mask")  # A Boolean run's order: not sorted.
 
 
-def _boolean_run(run_dir):
+def _boolean_run(run_dir, steps=(0, 10, 20)):
   """A run of 4 schemes whose records hold everything plot_run draws (curves, fidelity,
   attention maps over CLS and 3 bits, degree profiles), all schemes alike: their curves
   coincide."""
@@ -200,7 +203,7 @@ def _boolean_run(run_dir):
             "layers": {"block_0": {"fidelity": 0.5,
                                    "attention_map": np.full((4, 4), 0.25).tolist()}}}
   with report.MetricsWriter(run_dir) as w:
-    for step in (0, 10, 20):
+    for step in steps:
       w.write([report.member_record(m, step, values, diverged=False) for m in members])
   report.write_summary(run_dir, experiment="boolean_gotu", preset="test", members=members,
                        paper=PAPER, metric_names=["accuracy"])

@@ -1,6 +1,6 @@
 """`mpx plot` draws every figure of a vision run (so `mpx run vision` ends with its plots):
 the fraction curve takes vision's headline metric (accuracy), the heatmaps name the
-patches. The `tiny` preset (one group, 8 steps) evaluated at steps 4 and 8, so that it has
+patches. The `tiny` preset (one group, 8 steps) evaluated at steps 0, 4 and 8, so that it has
 curves to draw (a run evaluated once has none: its final values are in the overview)."""
 
 import pytest

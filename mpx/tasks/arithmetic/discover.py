@@ -181,7 +181,7 @@ def _task_json(spec: arithmetic.ArithmeticTask) -> dict:
 
 
 def stage2_group(config: Config, task: str, stage1: stages.Reading | None
-                  ) -> engine.Group:
+                 ) -> engine.Group:
   """The hand-written prior and the priors of stage 1's patterns, × seeds."""
   spec = spec_of(config, task)
   group = _group(config, task, ("mask", *DERIVED))

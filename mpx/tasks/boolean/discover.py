@@ -206,7 +206,7 @@ def read_graphs(config: Config, task: str, group: engine.Group, state: engine.Sw
 
 
 def stage2_group(config: Config, task: str, stage1: stages.Reading | None
-                  ) -> engine.Group:
+                 ) -> engine.Group:
   """The hand-written prior and the priors of stage 1's graphs, × seeds."""
   arms = [a for a in ALL_ARMS if a in config.schemes and a not in STAGE_1]
   members = []
