@@ -249,14 +249,20 @@ def score(found: InteractionGraph, truth: InteractionGraph) -> dict[str, float |
           "pair_recall": pair_r}
 
 
+def _pairs_among(rng: np.random.Generator, bits, count: int) -> tuple:
+  """`count` distinct pairs drawn at random among `bits` (all of them where fewer exist)."""
+  candidates = list(itertools.combinations(bits, 2))
+  count = min(count, len(candidates))
+  picked = rng.choice(len(candidates), size=count, replace=False) if candidates else []
+  return tuple(candidates[i] for i in picked)
+
+
 def random_like(graph: InteractionGraph, seed: int | Sequence[int]) -> InteractionGraph:
   """The control: as many support bits, drawn at random among all n, and as many pairs,
   drawn at random among them (`np.random.default_rng(seed)`)."""
   rng = np.random.default_rng(seed)
   bits = sorted(rng.choice(graph.n_bits, size=len(graph.bits), replace=False).tolist())
-  candidates = list(itertools.combinations(bits, 2))
-  picked = rng.choice(len(candidates), size=len(graph.pairs), replace=False) if candidates else []
-  return InteractionGraph(graph.n_bits, tuple(bits), tuple(candidates[i] for i in picked))
+  return InteractionGraph(graph.n_bits, tuple(bits), _pairs_among(rng, bits, len(graph.pairs)))
 
 
 def support_like(graph: InteractionGraph, truth: InteractionGraph,
@@ -270,11 +276,8 @@ def support_like(graph: InteractionGraph, truth: InteractionGraph,
   if truth.empty:
     raise ValueError("the true graph has no support bit to draw pairs among; this control "
                      "needs a task whose target depends on some bit.")
-  rng = np.random.default_rng(seed)
-  candidates = list(itertools.combinations(truth.bits, 2))
-  size = min(len(graph.pairs), len(candidates))
-  picked = sorted(rng.choice(len(candidates), size=size, replace=False).tolist())
-  return InteractionGraph(truth.n_bits, truth.bits, tuple(candidates[i] for i in picked))
+  return InteractionGraph(truth.n_bits, truth.bits, _pairs_among(
+      np.random.default_rng(seed), truth.bits, len(graph.pairs)))
 
 
 def graphs_to_json(graphs: Iterable) -> list:
