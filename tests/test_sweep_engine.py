@@ -293,6 +293,51 @@ def test_epoch_sampling_is_independent_of_chunking_and_resume():
   np.testing.assert_array_equal(np.asarray(whole.order), np.asarray(resumed.order))
 
 
+def test_the_order_is_redrawn_at_the_first_step_of_the_second_epoch():
+  # 4 batches per epoch. A run of one epoch compiles no redraw; a run of 5 steps must
+  # redraw at step 4: it equals the first 5 steps of a 3-epoch run.
+  members = [fx.member(0), fx.member(1, "default")]
+  long = fx.group(members, steps=12, sampling="epoch")
+  state, hparams, data = engine.place(long, engine.init_state(long), None, local=True)
+  first, _ = engine.make_train_chunk(long, 5)(state, hparams, data)
+  _assert_same_params(fx.train(fx.group(members, steps=5, sampling="epoch"), chunk_steps=5),
+                      first)
+
+
+def _family_inits():
+  """Each family's model init at its tiny preset's sizes: name → (key → params)."""
+  from mpx.sweep import config as config_lib
+  from mpx.tasks import boolean
+  from mpx.tasks.arithmetic import task as arithmetic
+  from mpx.tasks.boolean import gotu
+  from mpx.tasks.language import task as language
+  from mpx.tasks.vision import task as vision
+  cfg = lambda name: config_lib.make_config(config_lib.load_experiment(name), "tiny")[1]
+  init = lambda model, x: lambda key: model.init(key, x)["params"]
+  c = cfg("vision")
+  images = jnp.zeros((1, c.image_size, c.image_size, vision.channels(c)))
+  c_lm = cfg("language")
+  return {"vision": init(vision.make_model(c), images),
+          "language": init(language.make_model(c_lm, 257),
+                           jnp.zeros((1, c_lm.seq_len), jnp.int32)),
+          "arithmetic": init(arithmetic.make_model(cfg("arithmetic")),
+                             jnp.zeros((1, 12), jnp.int32)),
+          "boolean": init(gotu.make_model(cfg("boolean_gotu")),
+                          boolean.tokens(jnp.ones((1, 15))))}
+
+
+def test_inits_compiled_once_give_the_default_levels_values_bit_for_bit():
+  # jit_once compiles inits at XLA's optimisation level 1 on CPU, cheaper than the default
+  # level 2 and only safe while the params are the same. (The suite's XLA_FLAGS set level
+  # 0, which gives other values, so both levels are named here.)
+  key = jax.random.key(7)
+  for name, init in _family_inits().items():
+    compiled = lambda options: jax.jit(init).lower(key).compile(compiler_options=options)
+    chex.assert_trees_all_equal(compiled(engine.ONCE_OPTIONS)(key),
+                                compiled({"xla_backend_optimization_level": 2})(key),
+                                custom_message=name)
+
+
 def test_loss_key_is_per_member_and_step():
   """A stochastic loss (noise keyed by the engine) still trains a member in a sweep as
   alone, and two seeds see different noise."""

@@ -198,6 +198,39 @@ def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
   _assert_same_run(uninterrupted, out)
 
 
+@pytest.mark.parametrize("when", ["end of toy_a", "init of toy_b"])
+def test_a_signal_between_groups_stops_before_the_next_compile(uninterrupted, tmp_path,
+                                                               monkeypatch, when):
+  """A SIGTERM during a group's final evaluation and save stops before the next group is
+  built (a stage 2 reads stage 1's graphs in its init); one during a group's init stops
+  before its compile and first chunk. The same command then ends as if uninterrupted."""
+  out, started = tmp_path / "stopped", []
+  train_group, init_state = run.train_group, engine.init_state
+
+  def train_then_signal(group, *args, **kwargs):
+    started.append(group.name)
+    records = train_group(group, *args, **kwargs)
+    if when == "end of toy_a":
+      os.kill(os.getpid(), signal.SIGTERM)
+    return records
+
+  def init_then_signal(group, *args):
+    if when == "init of toy_b" and group.name == "toy_b":
+      os.kill(os.getpid(), signal.SIGTERM)
+    return init_state(group, *args)
+
+  monkeypatch.setattr(run, "train_group", train_then_signal)
+  monkeypatch.setattr(engine, "init_state", init_then_signal)
+  with pytest.raises(run.Preempted, match="saved every group before toy_b"):
+    run.run_experiment(config_lib.load_experiment(TOY), out_dir=str(out))
+  assert started == (["toy_a"] if when == "end of toy_a" else ["toy_a", "toy_b"])
+  with checkpoint.Checkpointer(epath.Path(out) / "checkpoints" / "toy_b") as ckpt:
+    assert ckpt.latest_step() is None  # Not a chunk of toy_b ran.
+  monkeypatch.undo()
+  assert cli.main(["run", TOY, "--out", str(out), "--resume"]) == 0
+  _assert_same_run(uninterrupted, out)
+
+
 def test_ctrl_c_saves_like_sigterm_in_one_line_and_a_second_stops_at_once(
     uninterrupted, tmp_path, monkeypatch, capsys):
   """Ctrl-C (SIGINT) checkpoints at the end of the chunk, says so in one line and exits

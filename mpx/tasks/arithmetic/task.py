@@ -392,7 +392,7 @@ def _model_init(model: TokenTransformer, n_tokens: int):
   """key → the model's params: one compile for every group of one model (a task's
   fractions, both discovery stages)."""
   dummy_BN = jnp.zeros((1, n_tokens), jnp.int32)
-  return jax.jit(lambda key: model.init(key, dummy_BN)["params"])
+  return engine.jit_once(lambda key: model.init(key, dummy_BN)["params"])
 
 
 def task_fractions(config: Config, task: str) -> tuple[float, ...]:

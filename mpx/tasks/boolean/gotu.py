@@ -386,7 +386,7 @@ def make_model_init(config: Config, n_bits: int):
 @functools.lru_cache(maxsize=None)
 def _model_init(model: TokenTransformer, n_bits: int):
   tokens = boolean.tokens(jnp.ones((1, n_bits)))
-  return jax.jit(lambda key: model.init(key, tokens)["params"])
+  return engine.jit_once(lambda key: model.init(key, tokens)["params"])
 
 
 def make_task(config: Config, task: boolean.BooleanTask | str) -> engine.Task:

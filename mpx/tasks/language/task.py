@@ -172,7 +172,7 @@ def make_task(config: Config, tokenizer, n_validation: int = 0) -> engine.Task:
   model = make_model(config, tokenizer.vocab_size)
   byte_lengths = jnp.asarray(tokenizer.byte_lengths(), jnp.float32)
   dummy = jnp.zeros((1, config.seq_len), jnp.int32)
-  init_params = jax.jit(lambda key: model.init(key, dummy)["params"])
+  init_params = engine.jit_once(lambda key: model.init(key, dummy)["params"])
 
   def init(member: engine.Member):
     params = init_params(jax.random.key(member.seed))

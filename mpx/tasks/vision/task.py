@@ -295,7 +295,7 @@ def make_task(config: Config) -> engine.Task:
   model = make_model(config)
   classes = num_classes(config)
   dummy = jnp.zeros((1, config.image_size, config.image_size, channels(config)))
-  init_params = jax.jit(lambda key: model.init(key, dummy)["params"])  # One compile, not
+  init_params = engine.jit_once(lambda key: model.init(key, dummy)["params"])  # One compile, not
   # one per random op (eager ViT init costs ~20 s of op compiles on CPU).
 
   def init(member: engine.Member):
