@@ -23,7 +23,7 @@ import tempfile
 import time
 
 EXPERIMENTS = ("boolean_gotu", "boolean_coverage", "arithmetic", "vision", "language",
-               "discover_boolean", "discover_arithmetic")
+               "discover_boolean", "discover_arithmetic", "discover_planted")
 TINY_CPU_S = 20.0  # CPU seconds (user + system) of one tiny preset.
 QUICK_WALL_S = 180.0  # Wall seconds of `mpx run boolean_gotu --preset quick` on 2 cores.
 

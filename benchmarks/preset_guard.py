@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The README's main job, then every experiment's smoke test.
 DEFAULT_RUNS = ("boolean_gotu:quick", "boolean_gotu:tiny", "boolean_coverage:tiny",
                 "arithmetic:tiny", "vision:tiny", "language:tiny", "discover_boolean:tiny",
-                "discover_arithmetic:tiny")
+                "discover_arithmetic:tiny", "discover_planted:tiny")
 COMPARED = ("summary.json", "discovered.json")
 OLD_NAMES = {"discover_boolean": "discover_prior"}  # Experiments renamed since.
 
