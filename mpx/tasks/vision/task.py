@@ -295,8 +295,8 @@ def make_task(config: Config) -> engine.Task:
   model = make_model(config)
   classes = num_classes(config)
   dummy = jnp.zeros((1, config.image_size, config.image_size, channels(config)))
-  init_params = engine.jit_once(lambda key: model.init(key, dummy)["params"])  # One compile, not
-  # one per random op (eager ViT init costs ~20 s of op compiles on CPU).
+  # One compile, not one per random op (eager ViT init costs ~20 s of op compiles on CPU).
+  init_params = engine.jit_once(lambda key: model.init(key, dummy)["params"])
 
   def init(member: engine.Member):
     key = jax.random.key(member.seed)
