@@ -293,19 +293,38 @@ def test_epoch_sampling_is_independent_of_chunking_and_resume():
   np.testing.assert_array_equal(np.asarray(whole.order), np.asarray(resumed.order))
 
 
-def test_the_order_is_redrawn_at_the_first_step_of_the_second_epoch():
-  # 4 batches per epoch. A run of one epoch compiles no redraw; a run of 5 steps must
-  # redraw at step 4: it equals the first 5 steps of a 3-epoch run.
+def test_a_one_epoch_run_and_the_first_step_of_epoch_two_as_in_a_longer_run():
+  # 4 batches per epoch. A 4-step run compiles no redraw, a 5-step run must redraw at
+  # step 4: each equals the first steps of a 3-epoch run, bit for bit.
   members = [fx.member(0), fx.member(1, "default")]
   long = fx.group(members, steps=12, sampling="epoch")
-  state, hparams, data = engine.place(long, engine.init_state(long), None, local=True)
-  first, _ = engine.make_train_chunk(long, 5)(state, hparams, data)
-  _assert_same_params(fx.train(fx.group(members, steps=5, sampling="epoch"), chunk_steps=5),
-                      first)
+  for steps in (4, 5):
+    state, hparams, data = engine.place(long, engine.init_state(long), None, local=True)
+    first, _ = engine.make_train_chunk(long, steps)(state, hparams, data)
+    short = fx.train(fx.group(members, steps=steps, sampling="epoch"), chunk_steps=steps)
+    chex.assert_trees_all_equal(short.params, first.params, custom_message=f"{steps} steps")
 
 
-def _family_inits():
-  """Each family's model init at its tiny preset's sizes: name → (key → params)."""
+def test_programs_run_once_compile_at_level_1_on_cpu_unless_the_level_is_set(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/xla_backend_optimization_level")
+  assert engine.once_options() == engine.ONCE_OPTIONS == {"xla_backend_optimization_level": 1}
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 "
+                     "--xla_backend_optimization_level=0")
+  assert engine.once_options() is None
+  monkeypatch.delenv("XLA_FLAGS")
+  jax.config.update("jax_disable_most_optimizations", True)
+  try:
+    assert engine.once_options() is None
+  finally:
+    jax.config.update("jax_disable_most_optimizations", False)
+  f = engine.jit_once(lambda x, y: x * y)
+  assert f(3.0, y=2.0) == 6.0 and f.__wrapped__(3.0, 2.0) == 6.0
+
+
+def _programs_run_once():
+  """What jit_once compiles, unwrapped: each family's model init at its tiny presets'
+  sizes (the discovery tinies' one-head width-8 model too) and the sweep's initial state;
+  name → (program, its arguments)."""
   from mpx.sweep import config as config_lib
   from mpx.tasks import boolean
   from mpx.tasks.arithmetic import task as arithmetic
@@ -313,28 +332,31 @@ def _family_inits():
   from mpx.tasks.language import task as language
   from mpx.tasks.vision import task as vision
   cfg = lambda name: config_lib.make_config(config_lib.load_experiment(name), "tiny")[1]
-  init = lambda model, x: lambda key: model.init(key, x)["params"]
-  c = cfg("vision")
-  images = jnp.zeros((1, c.image_size, c.image_size, vision.channels(c)))
-  c_lm = cfg("language")
-  return {"vision": init(vision.make_model(c), images),
-          "language": init(language.make_model(c_lm, 257),
-                           jnp.zeros((1, c_lm.seq_len), jnp.int32)),
-          "arithmetic": init(arithmetic.make_model(cfg("arithmetic")),
-                             jnp.zeros((1, 12), jnp.int32)),
-          "boolean": init(gotu.make_model(cfg("boolean_gotu")),
-                          boolean.tokens(jnp.ones((1, 15))))}
+  key = (jax.random.key(7),)
+  add = cfg("arithmetic")
+  n_tokens = arithmetic.get_task("addition", add.digits, reverse_answer=add.reverse_answer)
+  g = fx.group([fx.member(0), fx.member(1, "default")], sampling="epoch")
+  state_args = ([fx.init_params(m) for m in g.members],
+                optim.stack_hparams([m.hparams for m in g.members]), engine.member_keys(g.members))
+  return {"vision": (vision.make_model_init(cfg("vision")), key),
+          "language": (language.make_model_init(cfg("language"), 257), key),
+          "arithmetic": (arithmetic.make_model_init(add, n_tokens.n_tokens), key),
+          "boolean_gotu": (gotu.make_model_init(cfg("boolean_gotu"), 15), key),
+          "discover_boolean": (gotu.make_model_init(cfg("discover_boolean"),
+                                                    boolean.get_task("2parity").n_bits), key),
+          "initial state": (engine._initial_state(g.optim, 64), state_args)}
 
 
-def test_inits_compiled_once_give_the_default_levels_values_bit_for_bit():
-  # jit_once compiles inits at XLA's optimisation level 1 on CPU, cheaper than the default
-  # level 2 and only safe while the params are the same. (The suite's XLA_FLAGS set level
-  # 0, which gives other values, so both levels are named here.)
-  key = jax.random.key(7)
-  for name, init in _family_inits().items():
-    compiled = lambda options: jax.jit(init).lower(key).compile(compiler_options=options)
-    chex.assert_trees_all_equal(compiled(engine.ONCE_OPTIONS)(key),
-                                compiled({"xla_backend_optimization_level": 2})(key),
+@pytest.mark.slow  # 12 compiles of programs that are not small.
+def test_programs_run_once_give_the_default_levels_values_bit_for_bit():
+  # jit_once compiles them at XLA's optimisation level 1 on CPU, cheaper than the default
+  # level 2 and only safe while their values are the same. (The suite's XLA_FLAGS set
+  # level 0, which gives other values, so both levels are named here.)
+  for name, (program, args) in _programs_run_once().items():
+    compiled = lambda options: jax.jit(program.__wrapped__).lower(*args).compile(
+        compiler_options=options)
+    chex.assert_trees_all_equal(compiled(engine.ONCE_OPTIONS)(*args),
+                                compiled({"xla_backend_optimization_level": 2})(*args),
                                 custom_message=name)
 
 

@@ -198,32 +198,37 @@ def test_sigterm_checkpoints_then_resume_is_exact(uninterrupted, tmp_path):
   _assert_same_run(uninterrupted, out)
 
 
-@pytest.mark.parametrize("when", ["end of toy_a", "init of toy_b"])
+@pytest.mark.parametrize("when", ["toy_a's final evaluation", "toy_b's init"])
 def test_a_signal_between_groups_stops_before_the_next_compile(uninterrupted, tmp_path,
                                                                monkeypatch, when):
-  """A SIGTERM during a group's final evaluation and save stops before the next group is
-  built (a stage 2 reads stage 1's graphs in its init); one during a group's init stops
-  before its compile and first chunk. The same command then ends as if uninterrupted."""
+  """A SIGTERM during a group's final evaluation stops before the next group is built (a
+  stage 2 reads stage 1's graphs in its init); one during a group's init stops before its
+  compile and first chunk. The same command then ends as if uninterrupted."""
+  from mpx.sweep import evaluate
   out, started = tmp_path / "stopped", []
   train_group, init_state = run.train_group, engine.init_state
+  evaluator = evaluate.Evaluator.__call__
 
-  def train_then_signal(group, *args, **kwargs):
-    started.append(group.name)
-    records = train_group(group, *args, **kwargs)
-    if when == "end of toy_a":
+  def evaluate_then_signal(self, state):
+    if (when == "toy_a's final evaluation" and self.group.name == "toy_a"
+        and int(state.step) == self.group.steps):
       os.kill(os.getpid(), signal.SIGTERM)
-    return records
+    return evaluator(self, state)
 
   def init_then_signal(group, *args):
-    if when == "init of toy_b" and group.name == "toy_b":
+    if when == "toy_b's init" and group.name == "toy_b":
       os.kill(os.getpid(), signal.SIGTERM)
     return init_state(group, *args)
 
-  monkeypatch.setattr(run, "train_group", train_then_signal)
+  monkeypatch.setattr(evaluate.Evaluator, "__call__", evaluate_then_signal)
   monkeypatch.setattr(engine, "init_state", init_then_signal)
-  with pytest.raises(run.Preempted, match="saved every group before toy_b"):
+  monkeypatch.setattr(run, "train_group", lambda group, *a, **k: started.append(group.name)
+                      or train_group(group, *a, **k))
+  with pytest.raises(run.Preempted, match="saved the run up to group toy_b, which had not"):
     run.run_experiment(config_lib.load_experiment(TOY), out_dir=str(out))
-  assert started == (["toy_a"] if when == "end of toy_a" else ["toy_a", "toy_b"])
+  assert started == (["toy_a"] if when == "toy_a's final evaluation" else ["toy_a", "toy_b"])
+  with checkpoint.Checkpointer(epath.Path(out) / "checkpoints" / "toy_a") as ckpt:
+    assert ckpt.latest_step() == 24
   with checkpoint.Checkpointer(epath.Path(out) / "checkpoints" / "toy_b") as ckpt:
     assert ckpt.latest_step() is None  # Not a chunk of toy_b ran.
   monkeypatch.undo()

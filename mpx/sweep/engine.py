@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
@@ -185,23 +186,36 @@ def merge_groups(groups: Sequence[Group]) -> Group:
 
 
 # XLA's optimisation level for a program that runs once per member or group (an init):
-# level 1 halves its compile on CPU (boolean_gotu's tiny model init: 2.2 → 1.2 CPU-s) and
-# gives the default level's values bit for bit (tests/test_sweep_engine.py checks each
-# family's init); the training and evaluation programs, which run many times, keep
-# XLA's default.
+# level 1 costs less CPU to compile on a multi-core CPU (boolean_gotu's tiny model init
+# on 2 cores: 2.2 → 1.3 CPU-s; pinned to one core both levels take about 1.2) and gives
+# the default level's values bit for bit (tests/test_sweep_engine.py checks each family's
+# init); the training and evaluation programs, which run many times, keep XLA's default.
 ONCE_OPTIONS = {"xla_backend_optimization_level": 1}
+
+
+def once_options() -> dict | None:
+  """`ONCE_OPTIONS` on CPU, None where the level is someone else's: another backend, a
+  level in XLA_FLAGS (the test suite's 0), or JAX_DISABLE_MOST_OPTIMIZATIONS."""
+  if (jax.default_backend() != "cpu"
+      or jax.config.values.get("jax_disable_most_optimizations", False)):
+    return None
+  if re.search(r"--xla_backend_optimization_level\b", os.environ.get("XLA_FLAGS", "")):
+    return None
+  return ONCE_OPTIONS
 
 
 def jit_once(fn: Callable) -> Callable:
   """`jax.jit(fn)` for a program run once per member or group, compiled with
-  `ONCE_OPTIONS` on CPU unless XLA_FLAGS sets the level itself (the test suite's 0).
-  Decided at the first call, after any `jax.distributed` setup."""
+  `once_options()`, read at the first call (after any `jax.distributed` setup). The
+  wrapped `fn` is `jit_once(fn).__wrapped__`."""
   @functools.cache
   def compiled():
-    own_level = "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", "")
-    cpu = jax.default_backend() == "cpu"
-    return jax.jit(fn, compiler_options=ONCE_OPTIONS if cpu and not own_level else None)
-  return functools.wraps(fn)(lambda *args: compiled()(*args))
+    return jax.jit(fn, compiler_options=once_options())
+
+  @functools.wraps(fn)
+  def call(*args, **kwargs):
+    return compiled()(*args, **kwargs)
+  return call
 
 
 def stack(trees: Sequence[PyTree]) -> PyTree:

@@ -133,7 +133,7 @@ def _stop_if_signalled(sigterm: _StopFlag, group: engine.Group, step: int) -> No
   signal came on any process: nothing of it is unsaved."""
   if distributed.any_process(sigterm.raised):
     raise sigterm.preempted(f"group {group.name} at step {step}" if step
-                            else f"every group before {group.name}")
+                            else f"the run up to group {group.name}, which had not started")
 
 
 def _is_due(step: int, every: int, last: int) -> bool:
@@ -218,7 +218,8 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: e
     train_chunk = memory.planned(engine.make_train_chunk(group, cfg.chunk_steps), group,
                                  show=distributed.is_primary())
     step = int(state.step)
-    _stop_if_signalled(sigterm, group, step)  # One during the init, before the compile.
+    if step < group.steps:  # A signal during the init stops before the compile.
+      _stop_if_signalled(sigterm, group, step)
     feeder = _feeder(group, step, cfg.chunk_steps, mesh)
     train = None  # The last chunk's scalars.
     metrics = None  # The last evaluation's; the final one is reused, not recomputed.
@@ -609,7 +610,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   dirs = {"run_dir": out if url else str(run_dir), "local_dir": str(run_dir)}
   with writer, _StopFlag() as sigterm:
     for group in groups:
-      # A signal during the last group's final evaluation and save stops here, not after
+      # A signal during the previous group's final evaluation and save stops here, before
       # this group's init (a stage 2 reads stage 1's graphs), compile and first chunk.
       _stop_if_signalled(sigterm, group, 0)
       final += train_group(group, cfg, checkpoints, writer=writer, saved_config=saved_config,

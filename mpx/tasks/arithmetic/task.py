@@ -387,10 +387,15 @@ def make_model(config: Config) -> TokenTransformer:
   return causal_decoder(VOCAB_SIZE, **config.model_shape())
 
 
+def make_model_init(config: Config, n_tokens: int):
+  """key → the model's params on `n_tokens` tokens."""
+  return _model_init(make_model(config), n_tokens)
+
+
 @functools.lru_cache(maxsize=None)
 def _model_init(model: TokenTransformer, n_tokens: int):
-  """key → the model's params: one compile for every group of one model (a task's
-  fractions, both discovery stages)."""
+  """One compile for every group of one model (a task's fractions, both discovery
+  stages)."""
   dummy_BN = jnp.zeros((1, n_tokens), jnp.int32)
   return engine.jit_once(lambda key: model.init(key, dummy_BN)["params"])
 

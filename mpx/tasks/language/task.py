@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import math
 import pathlib
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -165,14 +165,20 @@ def windows(config: Config, split: str) -> np.ndarray:
 # --------------------------------------------------------------------------- task
 
 
+def make_model_init(config: Config, vocab_size: int) -> Callable:
+  """key → the model's params, in one compile (eager, each random op compiles on its own)."""
+  model = make_model(config, vocab_size)
+  tokens = jnp.zeros((1, config.seq_len), jnp.int32)
+  return engine.jit_once(lambda key: model.init(key, tokens)["params"])
+
+
 def make_task(config: Config, tokenizer, n_validation: int = 0) -> engine.Task:
   """Init by scheme; next-token cross-entropy; per evaluated window the summed NLL and
   the bytes its targets stand for (with `select`, `n_validation` validation windows, then
   the test windows)."""
   model = make_model(config, tokenizer.vocab_size)
   byte_lengths = jnp.asarray(tokenizer.byte_lengths(), jnp.float32)
-  dummy = jnp.zeros((1, config.seq_len), jnp.int32)
-  init_params = engine.jit_once(lambda key: model.init(key, dummy)["params"])
+  init_params = make_model_init(config, tokenizer.vocab_size)
 
   def init(member: engine.Member):
     params = init_params(jax.random.key(member.seed))

@@ -289,14 +289,20 @@ def normalize(config: Config, images_BHWC) -> jax.Array:
 # --------------------------------------------------------------------------- task
 
 
+def make_model_init(config: Config) -> Callable:
+  """key → the model's params, in one compile (eager, each random op compiles on its own:
+  ~20 s for a ViT on CPU)."""
+  model = make_model(config)
+  images = jnp.zeros((1, config.image_size, config.image_size, channels(config)))
+  return engine.jit_once(lambda key: model.init(key, images)["params"])
+
+
 def make_task(config: Config) -> engine.Task:
   """Init by scheme; soft-target cross-entropy after per-member mixup/cutmix and label
   smoothing, drop-path from the member's key; top-1 on the evaluation split."""
   model = make_model(config)
   classes = num_classes(config)
-  dummy = jnp.zeros((1, config.image_size, config.image_size, channels(config)))
-  # One compile, not one per random op (eager ViT init costs ~20 s of op compiles on CPU).
-  init_params = engine.jit_once(lambda key: model.init(key, dummy)["params"])
+  init_params = make_model_init(config)
 
   def init(member: engine.Member):
     key = jax.random.key(member.seed)
