@@ -191,11 +191,12 @@ SIGKILL_POINTS = {
     "between-groups": {"toy_a": 8},
 }
 SIGTERM_POINTS = {
-    "init": {"toy_a": 2},              # SIGTERM saves after the chunk it arrived in.
-    "mid-chunk": {"toy_a": 6},
+    "init": {},                        # Stops before the group compiles: nothing to save.
+    "mid-chunk": {"toy_a": 6},         # SIGTERM saves after the chunk it arrived in.
     "save": {"toy_a": 6},              # The save finishes; the next chunk saves and stops.
-    "between-groups": {"toy_a": 8, "toy_b": 2},
+    "between-groups": {"toy_a": 8},    # Stops before toy_b is built.
 }
+UNSTARTED = ("init", "between-groups")  # The points that stop before a group starts.
 
 
 @pytest.mark.parametrize("point", list(SIGKILL_POINTS))
@@ -223,9 +224,11 @@ def test_sigterm_then_the_same_command_ends_equal(reference, tmp_path, monkeypat
     assert cli.main(_argv(out)) == run.PREEMPTED_EXIT_CODE == 143
   assert run.completed_steps(epath.Path(out) / "checkpoints") == SIGTERM_POINTS[point]
   err = capsys.readouterr().err
-  assert "SIGTERM: saved group" in err and "Continue with the same command." in err
+  saved = "which had not started" if point in UNSTARTED else "SIGTERM: saved group"
+  assert saved in err and "Continue with the same command." in err
   assert cli.main(_argv(out)) == 0
-  assert "(resuming: toy_a from step" in capsys.readouterr().err
+  resumed = "(starting fresh)" if point == "init" else "(resuming: toy_a from step"
+  assert resumed in capsys.readouterr().err
   _assert_same_run(reference[0], out)
 
 

@@ -98,7 +98,8 @@ class _NothingToResume(Refused, FileNotFoundError):
 
 class _StopFlag:
   """Turns SIGTERM and a first Ctrl-C (SIGINT) into a flag checked between chunks (a chunk
-  is never cut in half, the state is saved); a second Ctrl-C stops at once."""
+  is never cut in half, the state is saved) and before each group compiles; a second
+  Ctrl-C stops at once."""
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
