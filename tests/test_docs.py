@@ -277,6 +277,25 @@ def test_pages_link_only_inside_the_repository():
     assert not re.search(r"\bissue #?\d+|#\d{2}\b", text), f"{page} speaks of issue numbers"
 
 
+def test_the_reproduction_table_quotes_the_paper_s_boolean_metric():
+  """The paper's 2Parity and Majority numbers are whole-cube accuracy: the README's rows
+  name it and quote experiments/results/boolean_cpu.md's `accuracy`, then its unseen
+  accuracy (0.00 for every 2Parity scheme there), scheme by scheme."""
+  results = (ROOT / "experiments/results/boolean_cpu.md").read_text()
+  measured = {(task, scheme): (accuracy, unseen) for task, scheme, accuracy, unseen in
+              re.findall(r"^\| (\w+) \| (\w+) \| \**([\d.]+ ± [\d.]+)\**[^|]*\| [^|]*\| "
+                         r"([\d.]+ ± [\d.]+) \|", results, re.M)}
+  readme = (ROOT / "README.md").read_text().splitlines()
+  for label, task in (("2Parity", "2parity"), ("3-bit Majority", "majority3")):
+    first = next(i for i, line in enumerate(readme)
+                 if line.startswith(f"| {label} whole-cube accuracy, default / mask |"))
+    assert readme[first + 1].startswith("| same, QK-SVD / QK-Opt |")
+    for line, schemes in ((readme[first], ("default", "mask")),
+                          (readme[first + 1], ("qk_svd", "qk_opt"))):
+      quoted = re.findall(r"[\d.]+ ± [\d.]+", line.split(" | ")[2].replace("**", ""))
+      assert quoted == [measured[task, s][i] for i in (0, 1) for s in schemes], line
+
+
 def test_the_performance_page_quotes_the_benchmark_results_file():
   """docs/performance.md states what benchmarks/run.py measured, from the file the
   benchmark writes (`--write`): its date, commit and the paper-scale ratio to PyTorch."""
