@@ -391,14 +391,14 @@ def describe_metrics(descriptions: Mapping[str, str]) -> None:
 
 
 def metric_description(name: str) -> str | None:
-  """What metric `name` measures (`METRIC_DESCRIPTIONS`; a `val_` metric is its base on
-  the validation split); None where nothing describes it."""
+  """What metric `name` measures (`METRIC_DESCRIPTIONS`; `val_NAME`, NAME on the
+  validation split); None where nothing describes it."""
   if name in METRIC_DESCRIPTIONS:
     return METRIC_DESCRIPTIONS[name]
   base = name.removeprefix(VALIDATION_PREFIX)
   if base != name and base in METRIC_DESCRIPTIONS:
-    return (f"{METRIC_DESCRIPTIONS[base]}; on the validation split, held out of training "
-            "and read only by selection")
+    return (f"{base} on the validation split, which is held out of training and read only "
+            "by selection")
   return None
 
 

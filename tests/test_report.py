@@ -344,8 +344,7 @@ def test_a_metric_nobody_described_says_so_until_its_experiment_describes_it(mon
   assert "- `r2`: the coefficient of determination on the test set\n" in table()
   with pytest.raises(ValueError, match="'accuracy' already means"):
     report.describe_metrics({"accuracy": "something else"})
-  assert report.metric_description("val_r2").startswith(
-      "the coefficient of determination on the test set; on the validation split")
+  assert report.metric_description("val_r2").startswith("r2 on the validation split")
   assert report.metric_description("val_unknown") is None
 
 
