@@ -39,6 +39,10 @@ def test_summary_has_the_persistence_table(tiny_run):
   md = (tiny_run / "summary.md").read_text()
   assert "## Persistence of the prior" in md
   assert "- 2parity / mask: " in md
+  # Both tables open with what their columns mean; every metric of them is described.
+  assert md.count("Columns:\n") == 2 and report.UNDESCRIBED not in md
+  assert f"- `accuracy_unseen (%)`: {report.METRIC_DESCRIPTIONS['accuracy_unseen']}\n" in md
+  assert "- `paper accuracy (%)`: the paper's number for accuracy" in md
 
 
 def test_plots_include_heatmaps_and_degree_profiles(tiny_run):

@@ -277,6 +277,20 @@ def test_accuracy_is_in_percent_as_in_the_tables(boolean_plots):
   assert drawn["overview.png"].axes[0].get_ylabel() == "accuracy (%)"
 
 
+def test_a_metric_s_figures_say_what_the_summary_s_legend_says(boolean_plots):
+  """The overview's strip, a curve and the fidelity panel carry, below their heading, the
+  one description of their metric that summary.md's legend prints."""
+  run_dir, drawn, _ = boolean_plots
+  legend = (run_dir / "summary.md").read_text()
+  for ax, metric in ((drawn["overview.png"].axes[0], "accuracy"),
+                     (drawn["overview.png"].axes[1], "fidelity"),
+                     (drawn["2parity_accuracy.png"].axes[0], "accuracy"),
+                     (drawn["2parity_block_0_fidelity.png"].axes[0], "fidelity")):
+    description = " ".join(ax.get_title().splitlines()[1:])
+    assert description == report.METRIC_DESCRIPTIONS[metric], metric
+  assert f"- `accuracy (%)`: {report.METRIC_DESCRIPTIONS['accuracy']}\n" in legend
+
+
 def test_coinciding_curves_stay_visible(boolean_plots):
   _, drawn, _ = boolean_plots
   for name in ("2parity_accuracy.png", "2parity_block_0_fidelity.png", "overview.png"):

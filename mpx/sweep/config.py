@@ -19,7 +19,8 @@ import numpy as np
 def _experiments_package() -> types.ModuleType:
   """`mpx.experiments`: installed from the repository's experiments/ folder by pip, or that
   folder itself when mpx runs from a source checkout on PYTHONPATH (the benchmarks' way),
-  where no installer mapped it (experiments import each other as `mpx.experiments.NAME`)."""
+  where no installer mapped it (`experiment_dirs` finds the experiment files through it, and
+  their reports run as `python -m mpx.experiments.NAME`)."""
   try:
     import mpx.experiments  # noqa: PLC0415
     return mpx.experiments
