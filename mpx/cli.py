@@ -363,14 +363,10 @@ def make_parser() -> argparse.ArgumentParser:
   return parser
 
 
-# Optional dependencies → the extra of setup.cfg that installs them.
-EXTRAS = {"tensorflow_datasets": "vision", "grain": "vision", "sklearn": "vision",
-          "tokenizers": "text", "gcsfs": "gcs", "tensorboardX": "tensorboard", "torch": "bench"}
-
-
 def _missing_dependency(e: ImportError) -> str | None:
   """One line naming the install for an optional dependency that is missing; None for
   any other ImportError (a bug in mpx keeps its traceback)."""
+  from mpx.sweep.config import EXTRAS  # Optional package → the extra that installs it.
   name = (e.name or "").partition(".")[0]
   if "pip install" in str(e):  # mpx's own message names the install already.
     return str(e)

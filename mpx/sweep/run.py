@@ -532,6 +532,9 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     raise ValueError(f"resume must be False, True or {RESUME_AUTO!r}; got {resume!r}.")
   resume_arg = resume
   preset, variants = config_lib.make_configs(experiment, preset, overrides)
+  # A missing install is named first: before a data path is read (the fingerprint, the
+  # groups) or a file written.
+  config_lib.check_installed([c for _, configs in variants for c in configs])
   cfg = variants[0][1][0]
   default_out = f"runs/{config_lib.experiment_stem(experiment)}-{preset}"
   if out_dir is None:
