@@ -105,9 +105,11 @@ def _run_command(args) -> int:
              else "the same command and --resume (or --resume=auto)")
     print(f"mpx run: {e} Continue with {again}.", file=sys.stderr)
     return e.exit_code
-  except KeyboardInterrupt:  # A second Ctrl-C: stopped without saving.
-    print("mpx run: stopped by a second Ctrl-C; the steps since the last checkpoint are "
-          "lost. Continue from it with the same command and --resume (or --resume=auto).",
+  except KeyboardInterrupt:  # Outside training (a second Ctrl-C in it exits at once).
+    again = ("the same command" if args.resume == RESUME_AUTO
+             else f"the same command with --resume={RESUME_AUTO}")
+    print("mpx run: stopped by Ctrl-C outside training (while the run was set up or its "
+          f"summary written), so no training was lost; {again} starts or continues it.",
           file=sys.stderr)
     return run_lib.INTERRUPTED_EXIT_CODE
   from mpx.sweep import distributed
