@@ -226,7 +226,10 @@ def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
         state: engine.SweepState | None = None) -> tuple[engine.SweepState, list[dict]]:
   """Trains a group to the end in memory (no run folder, no checkpoints) and evaluates it:
   (final state, metrics per member). The library route for a group built in your own
-  code; `mpx run` adds files, resume and progress around the same chunk."""
+  code; `mpx run` adds files, resume and progress around the same chunk. With a probe the
+  metrics hold the persistence diagnostics but not the heatmaps' [N, N] lists (each
+  member's `prior_pattern`, the attention maps of `map_layers`), which would flood a
+  printout: `mpx run`'s records keep them for its figures."""
   state, hparams, data = engine.place(group, engine.init_state(group) if state is None
                                       else state, mesh)
   chunk = engine.make_train_chunk(group, chunk_steps)
@@ -237,7 +240,16 @@ def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
   finally:
     if feeder is not None:
       feeder.close()
-  return state, evaluate_lib.Evaluator(group)(state)
+  return state, [_without_heatmaps(m) for m in evaluate_lib.Evaluator(group)(state)]
+
+
+def _without_heatmaps(metrics: dict) -> dict:
+  """A member's metrics without the [N, N] lists the heatmaps of `mpx run` read."""
+  metrics = {k: v for k, v in metrics.items() if k != "prior_pattern"}
+  if "layers" in metrics:
+    metrics["layers"] = {layer: {k: v for k, v in values.items() if k != "attention_map"}
+                         for layer, values in metrics["layers"].items()}
+  return metrics
 
 
 def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: epath.Path, *,
