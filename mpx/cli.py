@@ -118,13 +118,14 @@ def _run_command(args) -> int:
   run_dir, local_dir = summary["run_dir"], summary["local_dir"]
   if not args.plots:
     print(f"no plots (--no-plots): `mpx plot {run_dir}` draws them", file=sys.stderr)
-    return 0
-  try:  # Drawn by default: summary.md links plots/overview.png.
-    from mpx import plotting
-    print(f"plots: {_plots_line(plotting.plot_run(local_dir), run_dir)}", file=sys.stderr)
-  except (ImportError, ValueError) as e:  # The run itself succeeded: say why, exit 0.
-    print(f"no plots: {e}", file=sys.stderr)
-  run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
+  else:
+    try:  # Drawn by default: summary.md links plots/overview.png.
+      from mpx import plotting
+      print(f"plots: {_plots_line(plotting.plot_run(local_dir), run_dir)}", file=sys.stderr)
+    except (ImportError, ValueError) as e:  # The run itself succeeded: say why, exit 0.
+      print(f"no plots: {e}", file=sys.stderr)
+    run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
+  print(f"summary: {run_dir}/summary.md", file=sys.stderr)  # The last line: where to look.
   return 0
 
 
