@@ -105,9 +105,11 @@ def _run_command(args) -> int:
              else "the same command and --resume (or --resume=auto)")
     print(f"mpx run: {e} Continue with {again}.", file=sys.stderr)
     return e.exit_code
-  except KeyboardInterrupt:  # A second Ctrl-C: stopped without saving.
-    print("mpx run: stopped by a second Ctrl-C; the steps since the last checkpoint are "
-          "lost. Continue from it with the same command and --resume (or --resume=auto).",
+  except KeyboardInterrupt:  # Outside training (a second Ctrl-C in it exits at once).
+    again = ("the same command" if args.resume == RESUME_AUTO
+             else f"the same command with --resume={RESUME_AUTO}")
+    print("mpx run: stopped by Ctrl-C outside training (while the run was set up or its "
+          f"summary written), so no training was lost; {again} starts or continues it.",
           file=sys.stderr)
     return run_lib.INTERRUPTED_EXIT_CODE
   from mpx.sweep import distributed
@@ -116,13 +118,14 @@ def _run_command(args) -> int:
   run_dir, local_dir = summary["run_dir"], summary["local_dir"]
   if not args.plots:
     print(f"no plots (--no-plots): `mpx plot {run_dir}` draws them", file=sys.stderr)
-    return 0
-  try:  # Drawn by default: summary.md links plots/overview.png.
-    from mpx import plotting
-    print(f"plots: {_plots_line(plotting.plot_run(local_dir), run_dir)}", file=sys.stderr)
-  except (ImportError, ValueError) as e:  # The run itself succeeded: say why, exit 0.
-    print(f"no plots: {e}", file=sys.stderr)
-  run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
+  else:
+    try:  # Drawn by default: summary.md links plots/overview.png.
+      from mpx import plotting
+      print(f"plots: {_plots_line(plotting.plot_run(local_dir), run_dir)}", file=sys.stderr)
+    except (ImportError, ValueError) as e:  # The run itself succeeded: say why, exit 0.
+      print(f"no plots: {e}", file=sys.stderr)
+    run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
+  print(f"summary: {run_dir}/summary.md", file=sys.stderr)  # The last line: where to look.
   return 0
 
 
@@ -363,14 +366,10 @@ def make_parser() -> argparse.ArgumentParser:
   return parser
 
 
-# Optional dependencies → the extra of setup.cfg that installs them.
-EXTRAS = {"tensorflow_datasets": "vision", "grain": "vision", "sklearn": "vision",
-          "tokenizers": "text", "gcsfs": "gcs", "tensorboardX": "tensorboard", "torch": "bench"}
-
-
 def _missing_dependency(e: ImportError) -> str | None:
   """One line naming the install for an optional dependency that is missing; None for
   any other ImportError (a bug in mpx keeps its traceback)."""
+  from mpx.sweep.config import EXTRAS  # Optional package → the extra that installs it.
   name = (e.name or "").partition(".")[0]
   if "pip install" in str(e):  # mpx's own message names the install already.
     return str(e)

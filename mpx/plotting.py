@@ -421,7 +421,7 @@ def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
   scale, label = _unit(metric)
   mine = [m for m in members if m["task"] == task]
   cells = list(dict.fromkeys(report.cell_key(m) for m in mine))
-  ticks = []
+  ticks, with_paper = [], False
   for x, cell in enumerate(cells):
     seeds = [m for m in mine if report.cell_key(m) == cell]
     values_S = np.array([v for m in seeds if not m["diverged"]
@@ -433,6 +433,7 @@ def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
     value = _number(paper.get(task, {}).get(cell[1], {}).get(metric))
     if value is not None:  # Across the bar, so a mean reads off against it.
       ax.hlines(scale * value, x - 0.3, x + 0.3, color=PAPER_COLOR, linewidth=2.5, zorder=4)
+      with_paper = True
     n_diverged = sum(bool(m["diverged"]) for m in seeds)
     name = report.cell_label(cell, varying, "\n")
     ticks.append(f"{name}\nn={len(seeds)}" + (f" ({n_diverged} diverged)" if n_diverged
@@ -444,8 +445,9 @@ def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
     ax.use_sticky_edges = False  # A margin beyond the bars, so a paper value 0 shows.
     ax.autoscale_view()
   ax.set_ylabel(label)
-  ax.set_title(described(f"{task}: final {metric}: seeds (points), mean (bar), paper (black)",
-                         metric), fontsize="small")
+  ax.set_title(described(f"{task}: final {metric}: seeds (points), mean (bar)"
+                         + (", paper (black)" if with_paper else ""), metric),
+               fontsize="small")
 
 
 def _fidelity_curves(records, members, task) -> dict:

@@ -143,6 +143,19 @@ def test_strip_panel_points_means_and_paper_ticks():
   plt.close(fig)
 
 
+def test_strip_panel_names_the_paper_only_where_it_drew_its_number():
+  """A task without the paper's numbers (an experiment with PAPER = {}, or a task the
+  paper leaves out) has no "paper (black)" in its title: there is no black tick."""
+  for task, paper, named in (("2parity", PAPER, True), ("2parity", {}, False),
+                             ("2parity", {"cyclic3": PAPER["cyclic3"]}, False)):
+    fig, ax = plt.subplots()
+    plotting._strip_panel(ax, _members(), [], task, "accuracy", paper,
+                          {"default": "C0", "mask": "C1"})
+    assert ("paper (black)" in ax.get_title()) == named, (paper, ax.get_title())
+    assert ax.get_title().startswith("2parity: final accuracy: seeds (points), mean (bar)")
+    plt.close(fig)
+
+
 def test_fidelity_curves_mean_over_live_seeds_from_init(tmp_path):
   records = report.read_metrics(_write_run(tmp_path))
   curves = plotting._fidelity_curves(records, _members(), "2parity")

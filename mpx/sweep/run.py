@@ -19,7 +19,9 @@ import os
 import pathlib
 import signal
 import sys
+import threading
 import types
+from typing import Callable
 
 import jax
 import numpy as np
@@ -98,25 +100,49 @@ class _NothingToResume(Refused, FileNotFoundError):
 
 class _StopFlag:
   """Turns SIGTERM and a first Ctrl-C (SIGINT) into a flag checked between chunks (a chunk
-  is never cut in half, the state is saved) and before each group compiles; a second
-  Ctrl-C stops at once."""
+  is never cut in half, the state is saved) and before each group compiles.
+
+  A second Ctrl-C stops at once, as a SIGKILL would, after printing `stopped()` (what is
+  on disk). A thread reads the signals from Python's wakeup fd, so it acts even while the
+  main thread waits on the device, and ends the process with `os._exit`: an unwinding
+  exit spends seconds joining JAX's and Orbax's threads. Nothing on disk needs the
+  unwinding: checkpoints are finalised by a rename, metrics lines are durable as written.
+  """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  def __init__(self):
+  def __init__(self, stopped: Callable[[], str] = lambda: "stopped by a second Ctrl-C."):
     self.raised = False
     self.signum = None  # The first signal's.
+    self._stopped = stopped
     self._previous = {}
+    self._wakeup = None  # (write end of the pipe, the wakeup fd it replaced)
 
   def __enter__(self):
     self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)  # set_wakeup_fd's requirement.
+    self._wakeup = (write_fd, signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False))
+    threading.Thread(target=self._watch, args=(read_fd,), name="mpx-second-ctrl-c",
+                     daemon=True).start()
     return self
 
   def _handle(self, signum, frame):
     del frame
-    if signum == signal.SIGINT and self.signum == signal.SIGINT:
-      raise KeyboardInterrupt
     self.raised, self.signum = True, self.signum or signum
+
+  def _watch(self, read_fd: int) -> None:
+    """The signal numbers as they arrive, until `__exit__` closes the pipe."""
+    seen = []
+    with os.fdopen(read_fd, "rb", buffering=0) as wakeup:
+      while data := wakeup.read(16):
+        seen += data
+        if seen[0] == signal.SIGINT and seen.count(signal.SIGINT) > 1:
+          newline = "\n" if sys.stderr.isatty() else ""  # Below a progress bar's line.
+          print(f"{newline}mpx run: {self._stopped()}", file=sys.stderr)
+          sys.stdout.flush()
+          sys.stderr.flush()
+          os._exit(INTERRUPTED_EXIT_CODE)
 
   def preempted(self, where: str) -> Preempted:
     """The exception to raise once saved (another host's signal reads as SIGTERM here)."""
@@ -125,8 +151,32 @@ class _StopFlag:
     return Preempted(f"SIGTERM: saved {where}.")
 
   def __exit__(self, *exc):
+    write_fd, previous = self._wakeup
+    signal.set_wakeup_fd(previous)
+    os.close(write_fd)  # The watcher reads the end of the pipe and returns.
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
+
+
+def _stopped(checkpoints: epath.Path, groups: list[engine.Group], resume) -> str:
+  """What a second Ctrl-C leaves on disk (each group's latest checkpoint), and how to go
+  on from it: from a checkpoint where there is one, else by starting again."""
+  try:
+    steps = completed_steps(checkpoints)
+  except Exception as e:  # The process stops anyway: say why nothing could be listed.
+    return (f"stopped by a second Ctrl-C, without saving; the checkpoints in {checkpoints} "
+            f"could not be read ({type(e).__name__}: {e}).")
+  auto = resume == RESUME_AUTO
+  if not steps:
+    start = "the same command" if auto else f"the same command with --resume={RESUME_AUTO}"
+    return (f"stopped by a second Ctrl-C, without saving: no checkpoint was written yet, so "
+            f"there is nothing to continue from; {start} starts the run again.")
+  saved = ", ".join(f"{g.name} at step {steps[g.name]} of {g.steps}" if g.name in steps
+                    else f"{g.name} none yet" for g in groups)
+  again = ("the same command" if auto
+           else f"the same command and --resume (or --resume={RESUME_AUTO})")
+  return (f"stopped by a second Ctrl-C, without saving; checkpoints in {checkpoints}: "
+          f"{saved}. Continue from them with {again}; the steps after them are lost.")
 
 
 def _stop_if_signalled(sigterm: _StopFlag, group: engine.Group, step: int) -> None:
@@ -176,7 +226,10 @@ def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
         state: engine.SweepState | None = None) -> tuple[engine.SweepState, list[dict]]:
   """Trains a group to the end in memory (no run folder, no checkpoints) and evaluates it:
   (final state, metrics per member). The library route for a group built in your own
-  code; `mpx run` adds files, resume and progress around the same chunk."""
+  code; `mpx run` adds files, resume and progress around the same chunk. With a probe the
+  metrics hold the persistence diagnostics but not the heatmaps' [N, N] lists (each
+  member's `prior_pattern`, the attention maps of `map_layers`), which would flood a
+  printout: `mpx run`'s records keep them for its figures."""
   state, hparams, data = engine.place(group, engine.init_state(group) if state is None
                                       else state, mesh)
   chunk = engine.make_train_chunk(group, chunk_steps)
@@ -187,7 +240,16 @@ def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
   finally:
     if feeder is not None:
       feeder.close()
-  return state, evaluate_lib.Evaluator(group)(state)
+  return state, [_without_heatmaps(m) for m in evaluate_lib.Evaluator(group)(state)]
+
+
+def _without_heatmaps(metrics: dict) -> dict:
+  """A member's metrics without the [N, N] lists the heatmaps of `mpx run` read."""
+  metrics = {k: v for k, v in metrics.items() if k != "prior_pattern"}
+  if "layers" in metrics:
+    metrics["layers"] = {layer: {k: v for k, v in values.items() if k != "attention_map"}
+                         for layer, values in metrics["layers"].items()}
+  return metrics
 
 
 def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: epath.Path, *,
@@ -532,6 +594,9 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     raise ValueError(f"resume must be False, True or {RESUME_AUTO!r}; got {resume!r}.")
   resume_arg = resume
   preset, variants = config_lib.make_configs(experiment, preset, overrides)
+  # A missing install is named first: before a data path is read (the fingerprint, the
+  # groups) or a file written.
+  config_lib.check_installed([c for _, configs in variants for c in configs])
   cfg = variants[0][1][0]
   default_out = f"runs/{config_lib.experiment_stem(experiment)}-{preset}"
   if out_dir is None:
@@ -609,7 +674,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   writer = report.MetricsWriter(run_dir, keep=keep) if primary else _NullWriter()
   push = (lambda: run_folder.push(run_dir, out)) if primary else (lambda: None)
   dirs = {"run_dir": out if url else str(run_dir), "local_dir": str(run_dir)}
-  with writer, _StopFlag() as sigterm:
+  stopped = lambda: _stopped(checkpoints, groups, resume_arg)
+  with writer, _StopFlag(stopped) as sigterm:
     for group in groups:
       # A signal during the previous group's final evaluation and save stops here, before
       # this group's init (a stage 2 reads stage 1's graphs), compile and first chunk.

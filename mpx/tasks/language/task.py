@@ -81,6 +81,10 @@ class Config(PriorConfig):
   dtype: str = "float32"
   implementation: str = "reference"
 
+  def optional_modules(self) -> tuple[str, ...]:
+    """The BPE is the tokenizers library's; bytes need nothing."""
+    return ("tokenizers",) if self.tokenizer == "bpe" else ()
+
   def __post_init__(self):
     super().__post_init__()
     if self.dataset not in text.DATASETS:

@@ -109,6 +109,10 @@ class Config(PriorConfig):
   eval_batch: int = 500
   probe_size: int = 64
 
+  def optional_modules(self) -> tuple[str, ...]:
+    """grain batches every dataset; digits come from scikit-learn, the others from TFDS."""
+    return ("grain", "sklearn" if self.dataset == "digits" else "tensorflow_datasets")
+
   def __post_init__(self):
     super().__post_init__()
     if self.dataset not in DATASETS:
