@@ -31,7 +31,7 @@ PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs")
 # (page, reason) of every block that is not run; a new marker must be listed here.
 NOT_RUN: set[tuple[str, str]] = set()
 _BLOCK = re.compile(r"(?:<!-- not run: (?P<reason>.*?) -->\n)?```python\n(?P<code>.*?)```", re.S)
-_SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell|console)\n(.*?)```", re.S)
+_SHELL_BLOCK = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S)
 
 
 def blocks(page: str) -> list[tuple[str | None, str, int]]:
