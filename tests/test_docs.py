@@ -17,9 +17,11 @@ entries in these two registries (test_every_page_with_code_blocks_has_its_check)
 import configparser
 import importlib.util
 import json
+import os
 import pathlib
 import re
 import shlex
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -236,10 +238,21 @@ def _check_nnx(namespace, cwd, printed):
   np.testing.assert_allclose(float(loss), losses[0], rtol=1e-5)
 
 
+def _check_own_experiment(namespace, cwd, printed):
+  """The file's block defines an experiment: a SweepConfig, presets whose tiny builds one
+  group of every scheme and seed (`test_the_own_experiment_file_runs_with_mpx_run` runs
+  it with `mpx run`)."""
+  del cwd, printed
+  from mpx.sweep import config as config_lib
+  assert issubclass(namespace["Config"], config_lib.SweepConfig)
+  group, = namespace["build_groups"](namespace["Config"](**namespace["PRESETS"]["tiny"]))
+  assert [(m.scheme, m.seed) for m in group.members] == [("default", 0), ("mask", 0)]
+
+
 CHECKS = {"README.md": _check_readme, "docs/boolean.md": _check_boolean,
           "docs/diagnostics.md": _check_diagnostics, "docs/discover.md": _check_discover,
           "docs/functional.md": _check_functional, "docs/linen.md": _check_linen,
-          "docs/nnx.md": _check_nnx}
+          "docs/nnx.md": _check_nnx, "docs/own_experiment.md": _check_own_experiment}
 
 
 @pytest.mark.slow
@@ -258,6 +271,33 @@ def test_every_python_block_runs_as_written(page, tmp_path, monkeypatch, capsys)
 
 
 RUN_TWICE = ("docs/linen.md", "docs/nnx.md")
+
+
+OWN_EXPERIMENT = "docs/own_experiment.md"
+
+
+def test_the_own_experiment_file_runs_with_mpx_run(tmp_path, monkeypatch, capsys):
+  """The page's file, saved under the name the page gives it, runs with the page's first
+  command: every scheme and seed of the tiny preset trained and summarised into
+  runs/neighbours-tiny, the run ending with that summary's path. The page names every
+  attribute an experiment file must define."""
+  from mpx import cli
+  from mpx.sweep import config as config_lib
+  text = (ROOT / OWN_EXPERIMENT).read_text()
+  (code,) = [code for _, code, _ in blocks(OWN_EXPERIMENT)]
+  assert "Save this as `neighbours.py`" in text
+  assert "\nmpx run neighbours.py --preset tiny " in text
+  for name in config_lib.EXPERIMENT_ATTRIBUTES:
+    assert f"| `{name}" in text, name
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "neighbours.py").write_text(code)
+  assert cli.main(["run", "neighbours.py", "--preset", "tiny", "--no-plots"]) == 0
+  summary = json.loads((tmp_path / "runs/neighbours-tiny/summary.json").read_text())
+  assert [(m["task"], m["scheme"], m["seed"]) for m in summary["members"]] == [
+      ("neighbours", "default", 0), ("neighbours", "mask", 0)]
+  for m in summary["members"]:
+    assert 0 <= m["metrics"]["accuracy"] <= 1 and np.isfinite(m["metrics"]["loss"]), m
+  assert capsys.readouterr().err.splitlines()[-1] == "summary: runs/neighbours-tiny/summary.md"
 CONTINUE = "The code blocks of this page continue each other"
 
 
@@ -348,10 +388,24 @@ def resolve_commands(page: str) -> None:
     assert [_resolve(words) for words in _commands(block)].count(True), block
 
 
+def _own_experiment_commands(page: str) -> None:
+  """The page's commands run the file it writes: saved under its name in an empty folder,
+  each command resolves against it (its presets and `--set` keys)."""
+  (code,) = [code for _, code, _ in blocks(page)]
+  with tempfile.TemporaryDirectory() as folder:
+    pathlib.Path(folder, "neighbours.py").write_text(code)
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+      resolve_commands(page)
+    finally:
+      os.chdir(cwd)
+
+
 # page → the check of its bash blocks, called with the page's name.
 SHELL_CHECKS = {page: resolve_commands for page in (
     "README.md", "docs/api.md", "docs/data.md", "docs/discover.md", "docs/hosts.md",
-    "docs/sweeps.md")}
+    "docs/sweeps.md")} | {OWN_EXPERIMENT: _own_experiment_commands}
 
 
 @pytest.mark.parametrize("page", sorted(SHELL_CHECKS))
@@ -368,6 +422,20 @@ def test_every_page_with_code_blocks_has_its_check():
                 if shell_blocks(page) and page not in SHELL_CHECKS]
   assert not unchecked
   assert set(SHELL_CHECKS) <= set(PAGES)
+
+
+def test_the_readme_is_a_front_page():
+  """README.md stays at most 250 lines (detail goes to docs/): it opens with the two
+  commands, install and run the main job, install and run the tests, and keeps the
+  reproduction table."""
+  lines = (ROOT / "README.md").read_text().splitlines()
+  assert len(lines) <= 250, len(lines)
+  assert lines[3].startswith("# 1. install and run the main job")
+  assert lines[4].startswith("python3 -m venv") and "mpx run boolean_gotu" in lines[4]
+  assert lines[6].startswith("# 2. install and run the tests")
+  assert lines[7].startswith("python3 -m venv") and "pytest" in lines[7]
+  table = lines.index("## Reproduction status")
+  assert any(line.startswith("| result |") for line in lines[table:table + 10])
 
 
 def test_pages_link_only_inside_the_repository():
