@@ -234,6 +234,15 @@ class Profile:
   ops: list              # (µs, count, event name, Instruction or None), most first.
 
 
+def instruction_of(event: Event, instructions: dict[str, Instruction]) -> Instruction | None:
+  """The HLO instruction an event ran: the one it names, else the one its own name is (a
+  CPU thunk's; a GPU fusion kernel's, "loop_add_fusion_3" for "loop_add_fusion.3")."""
+  for name in (event.hlo_op, event.name, re.sub(r"_(\d+)$", r".\1", event.name)):
+    if name in instructions:
+      return instructions[name]
+  return None
+
+
 def profile(events: list[Event], instructions: dict[str, Instruction]) -> Profile:
   """The span of `events` split by kind (`classify` of each event's HLO instruction)."""
   if not events:
@@ -243,17 +252,17 @@ def profile(events: list[Event], instructions: dict[str, Instruction]) -> Profil
   span = (max(e.start + e.duration for e in events) - min(e.start for e in events))
   busy = busy_time(events)
   kinds = collections.Counter({kind: 0.0 for kind in MAIN_KINDS})
-  per_op = collections.defaultdict(lambda: [0.0, 0])
+  per_op = collections.defaultdict(lambda: [0.0, 0, None])
   for e, t in zip(events, own):
-    instruction = instructions.get(e.hlo_op)
+    instruction = instruction_of(e, instructions)
     kind = (instruction.kind if instruction else
             UNMAPPED if not e.hlo_op else f"unknown HLO op ({e.hlo_op.split('.')[0]})")
     kinds[kind] += t
-    per_op[(e.name, e.hlo_op)][0] += t
-    per_op[(e.name, e.hlo_op)][1] += 1
+    op = per_op[(e.name, e.hlo_op)]
+    op[0], op[1], op[2] = op[0] + t, op[1] + 1, instruction
   kinds[GAPS] = span - busy
   kinds[OVERLAP] = -(sum(own) - busy)
-  ops = sorted(((t, n, name, instructions.get(hlo_op)) for (name, hlo_op), (t, n)
+  ops = sorted(((t, n, name, instruction) for (name, _), (t, n, instruction)
                 in per_op.items()), key=lambda row: -row[0])
   return Profile(span, dict(kinds), ops)
 

@@ -655,6 +655,7 @@ def _gpu_trace() -> dict:
       kernel(10, "loop_exp_fusion", 15.0, 5.0, "softmax"),
       kernel(10, "cutlass_gemm", 22.0, 4.0, "cublas"),
       kernel(10, "loop_add_fusion", 26.0, 2.0, "add_fusion"),
+      kernel(10, "add_fusion", 28.0, 1.0),  # Names no HLO op: it is one.
       kernel(10, "other_program", 40.0, 100.0, "fusion.9", module="jit_other"),
       kernel(11, "MemcpyD2H", 20.0, 4.0),
       kernel(20, "gemm_fusion", 0.0, 10.0, "gemm_fusion"),
@@ -663,21 +664,22 @@ def _gpu_trace() -> dict:
 
 
 def test_a_gpu_trace_is_split_by_kind_and_adds_up_to_its_span():
-  """Kernels 0–28 µs: matmul 10 (a GEMM fusion) + 4 (a cuBLAS call), a transpose 3,
-  mpx's attention core 5, an add fusion 2, a memcpy 4 on another stream that overlaps
-  the cuBLAS call by 2; idle 10–12: gaps 2, overlap −2, sum 28 = the span."""
+  """Kernels 0–29 µs: matmul 10 (a GEMM fusion) + 4 (a cuBLAS call), a transpose 3,
+  mpx's attention core 5, add fusions 2 + 1 (one found by its kernel's name), a memcpy 4
+  on another stream that overlaps the cuBLAS call by 2; idle 10–12: gaps 2, overlap −2,
+  sum 29 = the span."""
   instructions = xla_trace.hlo_instructions(GPU_HLO)
   assert xla_trace.module_name(GPU_HLO) == "jit_chunk"
   events = xla_trace.device_events(_gpu_trace(), "jit_chunk")
-  assert len(events) == 6
+  assert len(events) == 7
   result = xla_trace.profile(events, instructions)
-  assert result.span == 28.0
+  assert result.span == 29.0
   assert result.kinds == {xla_trace.MATMUL: 14.0, xla_trace.ATTENTION: 5.0,
-                          xla_trace.COPIES: 3.0, "fusion (root: add)": 2.0,
+                          xla_trace.COPIES: 3.0, "fusion (root: add)": 3.0,
                           xla_trace.UNMAPPED: 4.0, xla_trace.GAPS: 2.0,
                           xla_trace.OVERLAP: -2.0}
   rows = xla_trace.kind_rows(result, per=2, least=0.0)
-  assert sum(r["ms"] for r in rows) == pytest.approx(28.0 / 1e3 / 2)
+  assert sum(r["ms"] for r in rows) == pytest.approx(29.0 / 1e3 / 2)
   top = xla_trace.op_rows(result, per=1, top=2)
   assert [(r["op"], r["kind"], r["from"]) for r in top] == [
       ("sm90_xmma_gemm_f32f32", xla_trace.MATMUL, "block_0/mlp/fc1/dot_general"),
@@ -756,7 +758,8 @@ def test_the_headline_plans_the_seeds_that_fit():
 
 def test_the_headline_writes_its_rows_while_it_trains(tmp_path, monkeypatch):
   """The report holds each scheme's numbers as soon as the run has logged an evaluation,
-  before the run ends; a later call resumes the run with the seeds it started with."""
+  before the run ends; a later call resumes the cut run with the seeds it started with
+  (whatever its own plan says) and reports its summary."""
   folder = tmp_path / "out" / "boolean_gotu-tiny-2parity"
   report_file = tmp_path / "out" / report_lib.JSON_FILE
   seen = []
@@ -794,4 +797,20 @@ def test_the_headline_writes_its_rows_while_it_trains(tmp_path, monkeypatch):
   assert seen and [r["step"] for r in seen[0]] == [48, 48]
   assert [r["whole-cube accuracy (%)"] for r in seen[0]] == ["62.50 ± 12.50"] * 2
   assert stage["partial"] and stage["facts"]["trained"].startswith("stopped at the deadline")
-  assert headline.started_seeds(folder) == 2
+
+  def resumed(experiment, *, preset, overrides, out_dir, resume):
+    assert overrides == ["tasks=2parity", "seeds=2"]  # Not the 1 seed planned below.
+    members = [{"task": "2parity", "scheme": scheme, "seed": seed, "hparams": {"seed": seed},
+                "diverged": False, "metrics": {"accuracy": 0.75, "accuracy_unseen": 0.0,
+                                               "loss": 2.0}}
+               for scheme in ("default", "mask") for seed in (0, 1)]
+    (folder / "summary.json").write_text(json.dumps({"members": members}))
+
+  monkeypatch.setattr(headline.run_lib, "run_experiment", resumed)
+  ctx.sizes = dataclasses.replace(sizes, headline=dict(sizes.headline, seeds=1))
+  stage = report.stage("headline", "headline")
+  headline.stage_headline(ctx, stage)
+  assert stage["facts"]["seeds"] == "2, as the run an earlier call started (resumed)"
+  assert [(r["step"], r["whole-cube accuracy (%)"]) for r in stage["rows"]] == [
+      ("96 (end)", "75.00 ± 0.00")] * 2
+  assert "partial" not in stage and ctx.headline["finished"]
