@@ -151,7 +151,8 @@ def stage_headline(ctx: context.Context, st: dict, task: str = "2parity") -> Non
   seconds = seconds_for(task, ctx.budget.left(), ctx.sizes)
   expect = ctx.expect
   seeds = started_seeds(folder)
-  if seeds is None:
+  resumed = seeds is not None
+  if not resumed:
     seeds, expected = plan_seeds(ctx.boolean, preset, task, sizes["seeds"], seconds, expect)
     st["facts"]["seeds"] = (
         f"{seeds} of {sizes['seeds']}: expected {expected:.0f} s of the {seconds:.0f} s "
@@ -190,8 +191,9 @@ def stage_headline(ctx: context.Context, st: dict, task: str = "2parity") -> Non
         f"{'to the end' if finished else 'stopped at the deadline'} in {wall:.0f} s "
         f"({group['members']} members × {group['steps']:,} steps; expected "
         f"{expected:.0f} s){'' if finished else '; the same command continues it'}")
-    ctx.headline = {"task": task, "members": group["members"], "steps": group["steps"],
-                    "wall": wall, "finished": finished}
+    if not resumed:  # A whole run's wall time: what the ETA stage compares.
+      ctx.headline = {"task": task, "members": group["members"], "steps": group["steps"],
+                      "wall": wall, "finished": finished}
   show(final=True)
   if not finished:
     st["partial"] = True
