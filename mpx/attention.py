@@ -324,6 +324,7 @@ def attention_weights(q: Array, k: Array, mask_logits: Array | None = None, *,
                   query_offset)
 
 
+@jax.named_scope("masked_attention")  # Names its ops in profiles (benchmarks/xla_trace.py).
 def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = None, *,
                      mask: Array | None = None, bias: Array | None = None,
                      causal: bool = False, padding_mask: Array | None = None,
