@@ -73,7 +73,8 @@ def test_run_help_lists_experiments_and_presets_marking_tiny(tmp_path, monkeypat
   (tmp_path / "experiments").mkdir()
   (tmp_path / "experiments" / "mine.py").write_text(
       '"""My experiment: parity on 6 bits."""\n'
-      "Config = PAPER = METRICS = build_groups = None\n"
+      "from mpx.sweep.config import SweepConfig as Config\n"
+      "PAPER = METRICS = build_groups = None\n"
       'PRESETS = {"small": {}, "tiny": {}}\n')
   (tmp_path / "experiments" / "broken.py").write_text('raise RuntimeError("half-written")\n')
   with pytest.raises(SystemExit) as exit_info:

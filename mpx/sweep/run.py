@@ -111,7 +111,7 @@ class _StopFlag:
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  def __init__(self, stopped: Callable[[], str] = lambda: "stopped by a second Ctrl-C."):
+  def __init__(self, stopped: Callable[[], str]):
     self.raised = False
     self.signum = None  # The first signal's.
     self._stopped = stopped
@@ -138,11 +138,13 @@ class _StopFlag:
       while data := wakeup.read(16):
         seen += data
         if seen[0] == signal.SIGINT and seen.count(signal.SIGINT) > 1:
-          newline = "\n" if sys.stderr.isatty() else ""  # Below a progress bar's line.
-          print(f"{newline}mpx run: {self._stopped()}", file=sys.stderr)
-          sys.stdout.flush()
-          sys.stderr.flush()
-          os._exit(INTERRUPTED_EXIT_CODE)
+          try:
+            newline = "\n" if sys.stderr.isatty() else ""  # Below a progress bar's line.
+            print(f"{newline}mpx run: {self._stopped()}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+          finally:  # Stopped even where the streams are gone.
+            os._exit(INTERRUPTED_EXIT_CODE)
 
   def preempted(self, where: str) -> Preempted:
     """The exception to raise once saved (another host's signal reads as SIGTERM here)."""
