@@ -317,7 +317,7 @@ class _BucketLock:
     reply = self.fs.call(
         "POST", f"{self.fs._location}/upload/storage/v1/b/{self.bucket}/o",
         uploadType="media", name=self.key, ifGenerationMatch=generation,
-        headers={"Content-Type": "application/json"}, data=_encode(mine), json_out=True)
+        headers={"Content-Type": "text/plain"}, data=_encode(mine), json_out=True)
     return str(reply["generation"])
 
   def _download(self) -> tuple[dict, str]:
