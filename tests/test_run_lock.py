@@ -1,10 +1,11 @@
-"""One writer per run folder (`mpx.sweep.lock`): a second `mpx run` into a folder that a
-live process is writing is refused (exit 75) before it reads or writes anything, and the
-first run ends as if alone; the lock of a process that died (SIGKILL) is taken over by the
-same command, which resumes bit for bit; a gs:// folder's lock (the GCS emulator, which
-checks `ifGenerationMatch` as GCS does) refuses a holder on another host and is taken over
-by exactly one of several writers once stale; the processes of one jax.distributed job
-share one lock and refuse together.
+"""One writer per run folder (`mpx.sweep.lock`): a live holder refuses a second writer, a
+dead one's lock is taken over (its process gone on this machine, its heartbeat stale from
+another), a holder whose lock was taken over stops; a gs:// folder's lock (the GCS
+emulator, which checks `ifGenerationMatch` as GCS does) refuses a holder on another host
+and is taken over by exactly one of several writers once stale; the processes of one
+jax.distributed job share one lock and refuse together. `mpx run` refused while another
+run writes the folder, and resumed after a SIGKILL took its lock down with it:
+tests/test_resume_auto.py.
 """
 
 import json
@@ -23,8 +24,7 @@ from etils import epath
 from mpx import cli
 from mpx.sweep import lock, run, run_folder
 
-import test_resume_auto as ra
-from test_resume_auto import reference  # noqa: F401  The uninterrupted toy run (a fixture).
+import test_resume_auto as ra  # The toy run's command line and helpers.
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -184,57 +184,6 @@ def test_a_stale_gs_lock_is_taken_over_by_exactly_one_of_several_writers(bucket)
   assert stored["token"] == winner.mine["token"]
   winner.release()
   assert _objects(url) == []
-
-
-# --- mpx run -------------------------------------------------------------------------------
-
-def _stopped_run(argv):
-  """`mpx run` in a subprocess that stops itself (SIGSTOP) while toy_a's chunk from step 4
-  runs, its lock held: it is waited for until it has stopped."""
-  code = (f"import sys; sys.path.insert(0, {str(ra.TESTS)!r}); "
-          "import test_resume_auto; test_resume_auto._driver()")
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("MPX_", "SLURM_"))}
-  process = subprocess.Popen([sys.executable, "-c", code, "mid-chunk", "SIGSTOP", *argv],
-                             cwd=ROOT, env=env | ra._CACHE | {"JAX_PLATFORMS": "cpu"},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  _, status = os.waitpid(process.pid, os.WUNTRACED)
-  assert os.WIFSTOPPED(status), process.communicate()
-  return process
-
-
-def test_a_second_start_while_the_first_runs_is_refused_and_the_first_ends_whole(
-    reference, tmp_path, capsys):  # noqa: F811
-  out = tmp_path / "run"
-  first = _stopped_run(ra._argv(out))
-  try:
-    before = ra._files(out)
-    assert cli.main(ra._argv(out)) == run.LOCKED_EXIT_CODE
-    err = capsys.readouterr().err
-    assert err.startswith(f"mpx run: locked: {out} is being written by pid {first.pid} on "
-                          f"{socket.gethostname()} since "), err
-    assert err.count("\n") == 1 and "choose another --out" in err
-    assert ra._files(out) == before  # Nothing read into a resume, nothing written.
-  finally:
-    os.kill(first.pid, signal.SIGCONT)
-  _, stderr = first.communicate(timeout=600)
-  assert first.returncode == 0, stderr[-3000:]
-  ra._assert_same_run(reference[0], out)  # Its metrics.jsonl whole, as if alone.
-  assert not (out / lock.LOCK_FILE).exists()
-
-
-def test_the_lock_of_a_killed_run_is_taken_over_and_the_run_resumes(reference, tmp_path,
-                                                                    capsys):  # noqa: F811
-  out = tmp_path / "run"
-  killed = ra._killed_subprocess("mid-chunk", "SIGKILL", ra._argv(out))
-  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-  held = json.loads((out / lock.LOCK_FILE).read_text())  # Left behind, as SIGKILL leaves it.
-  assert cli.main(ra._argv(out)) == 0
-  err = capsys.readouterr().err
-  assert (f"mpx run: took over the lock of {out} from pid {held['pid']} on {held['host']} "
-          f"since ") in err and f"process {held['pid']} on this machine is gone." in err
-  assert "(resuming: toy_a from step 4, toy_b from the start)" in err
-  ra._assert_same_run(reference[0], out)
-  assert not (out / lock.LOCK_FILE).exists()
 
 
 # --- one job, many processes ---------------------------------------------------------------

@@ -140,7 +140,7 @@ def _same_machine(held: dict, machine: dict) -> bool:
   return all(held.get(k) == v for k, v in machine.items())
 
 
-def stale_reason(held: dict, now: float | None = None) -> str | None:
+def stale_reason(held: dict) -> str | None:
   """Why the lock `held` is stale (its holder is gone), or None while it is live."""
   if not held:
     return "its record is unreadable"
@@ -148,18 +148,21 @@ def stale_reason(held: dict, now: float | None = None) -> str | None:
     if _process_gone(held["pid"], held.get("pid_start")):
       return f"process {held['pid']} on this machine is gone"
     return None
-  now = time.time() if now is None else now
-  age, bound = now - held["heartbeat"], STALE_BEATS * held["heartbeat_every"]
+  age, bound = time.time() - held["heartbeat"], STALE_BEATS * held["heartbeat_every"]
   if age > bound:
     return f"its last heartbeat is {age:.0f} s old (stale after {bound:.0f} s)"
   return None
 
 
-def _locked(where: str, held: dict) -> Locked:
-  age = time.time() - held.get("heartbeat", 0)
+def _locked(where: str, held: dict | None) -> Locked:
+  if not held:  # A holder of this machine that has not written its record (yet).
+    return Locked(f"{where} is being written by another process (its lock record is "
+                  f"unreadable: {where}/{LOCK_FILE}); wait for it to end, or choose another "
+                  "--out.")
+  age = time.time() - held["heartbeat"]
   return Locked(f"{where} is being written by {holder(held)}, last heartbeat {age:.0f} s "
-                f"ago; wait for it to end, stop it (kill {held.get('pid')} on "
-                f"{held.get('host')}: SIGTERM saves first), or choose another --out.")
+                f"ago; wait for it to end, stop it (kill {held['pid']} on {held['host']}: "
+                "SIGTERM saves first), or choose another --out.")
 
 
 def _encode(mine: dict) -> bytes:
@@ -228,7 +231,7 @@ class _LocalLock:
         except BlockingIOError:  # A live process of this machine holds it.
           held = self._wait_for_record(fd)
           os.close(fd)
-          raise _locked(str(self.path.parent), held or {}) from None
+          raise _locked(str(self.path.parent), held) from None
         except OSError as e:  # A filesystem without flock: the record alone decides.
           if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             os.close(fd)
@@ -358,7 +361,11 @@ class _BucketLock:
     try:
       self.generation = self._upload(mine, self.generation)
     except FileExistsError:
-      raise Lost(f"{self.where}/{LOCK_FILE} was rewritten by another writer") from None
+      held, generation = self._download()
+      if held.get("token") != mine["token"]:
+        raise Lost(f"{self.where}/{LOCK_FILE} now holds "
+                   f"{holder(held) if held else 'another record'}") from None
+      self.generation = generation  # Our write, whose reply was lost and retried.
 
   def release(self, mine: dict) -> None:
     del mine
@@ -433,15 +440,15 @@ def job_lock(out: str, command: str):
   process raises `Locked` where process 0 could not take it, so all refuse alike."""
   from mpx.sweep import distributed  # JAX: only a run needs it.
   import jax
-  hold, refused = None, ""
+  hold, failure = None, None
   if distributed.is_primary():
     try:
       hold = Hold(out, command, jax.process_count())
-    except Locked as e:
-      refused = str(e)
-  if distributed.any_process(bool(refused)):
-    raise Locked(refused or f"{out}: process 0 found the run folder locked (its output "
-                 "says by whom).")
+    except Exception as e:  # Raised on every process, after they all know.
+      failure = e
+  if distributed.any_process(failure is not None):
+    raise failure or Locked(f"{out}: process 0 found the run folder locked, or could not "
+                            "take its lock (its output says why).")
   if hold is not None and hold.took_over:
     print(f"mpx run: {hold.took_over}", file=sys.stderr)
   try:
