@@ -303,11 +303,11 @@ exit status:
        dependency missing (one line naming its install); nothing was written
   3    refused: the run directory holds another run (another config, or progress a fresh
        start would overwrite), or --resume found nothing to continue; nothing was written
-  130  interrupted: Ctrl-C, the state is checkpointed as for SIGTERM (a second Ctrl-C
-       stops at once, without saving); run the same command again
   75   locked: another process is writing the run directory (its host, pid, start and
        command are named); nothing was read or written. Run the same command once it has
        ended (a lock whose process died is taken over: see docs/sweeps.md)
+  130  interrupted: Ctrl-C, the state is checkpointed as for SIGTERM (a second Ctrl-C
+       stops at once, without saving); run the same command again
   143  preempted: SIGTERM, the state is checkpointed; run the same command again
        (SIGKILL shows as 137: the same command continues from the last checkpoint)"""
 

@@ -273,23 +273,24 @@ class _LocalLock:
     os.pwrite(self.fd, data + b" " * max(0, size - len(data)), 0)
     os.fsync(self.fd)
 
-  def _ours(self, mine: dict) -> dict | None:
-    """The record the lock file holds now, or None where the file is not ours any more."""
+  def _taken_by(self, mine: dict) -> str | None:
+    """Who holds the lock file now where it is not ours any more (else None)."""
     held = _decode(os.pread(self.fd, 1 << 16, 0))
-    if _same_file(self.fd, self.path) and held and held["token"] == mine["token"]:
-      return held
+    if not _same_file(self.fd, self.path):
+      return "another file (this one was removed)"
+    if not held or held["token"] != mine["token"]:
+      return holder(held) if held else "another record"
     return None
 
   def beat(self, mine: dict) -> None:
-    if self._ours(mine) is None:
-      held = _decode(os.pread(self.fd, 1 << 16, 0))
-      raise Lost(f"{self.path} now holds {holder(held) if held else 'another record'}")
+    if (other := self._taken_by(mine)) is not None:
+      raise Lost(f"{self.path} now holds {other}")
     self.write(mine)
 
   def release(self, mine: dict) -> None:
     """Removes the lock file (if still ours) and the folders `take` made, if empty."""
     with contextlib.suppress(OSError):
-      if self._ours(mine) is not None:
+      if self._taken_by(mine) is None:
         self.path.unlink()
     _HELD_FDS.discard(self.fd)
     os.close(self.fd)
@@ -422,9 +423,15 @@ class Hold:
         failing = True
 
   def release(self) -> None:
+    """Stops the heartbeat and removes the lock; one that cannot be removed (a bucket out
+    of reach) is left to go stale, without failing the run that ends here."""
     self._stop.set()
     self._thread.join()
-    self._lock.release(self.mine)
+    try:
+      self._lock.release(self.mine)
+    except Exception as e:
+      print(f"mpx run: could not remove the lock of {self.where} ({e}); the next start "
+            "takes it over once it is stale.", file=sys.stderr)
 
   def __enter__(self):
     return self
