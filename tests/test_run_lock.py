@@ -224,10 +224,11 @@ def test_the_processes_of_one_job_share_its_lock_and_refuse_together(tmp_path):
   assert f"held 1 False 2 {pid}\n" in said1                     # for both.
   assert not (out / lock.LOCK_FILE).exists()
   # Another process holds the folder: both processes of an `mpx run` refuse, at once.
-  with lock.Hold(str(out), "another job"):
-    before = ra._files(out)
+  with lock.Hold(str(out), "another job") as other:
     (zero, said0), (one, said1) = _job(out, ["-m", "mpx.cli", *ra._argv(out)])
     assert zero == one == run.LOCKED_EXIT_CODE, said0 + said1
     assert f"mpx run: locked: {out} is being written by pid {os.getpid()} on " in said0
     assert "mpx run: locked: " in said1 and "process 0 found the run folder locked" in said1
-    assert ra._files(out) == before
+    assert list(ra._files(out)) == [pathlib.Path(lock.LOCK_FILE)]  # Nothing written but
+    held = json.loads((out / lock.LOCK_FILE).read_text())          # the other's lock.
+    assert held["token"] == other.mine["token"]
