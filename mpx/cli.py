@@ -93,13 +93,17 @@ def _prior_command(args) -> int:
 
 def _run_command(args) -> int:
   from mpx.sweep import config as config_lib
+  from mpx.sweep import lock as lock_lib
   from mpx.sweep import run as run_lib
   experiment = config_lib.load_experiment(args.experiment)
-  from mpx.sweep import run_folder
   overrides = [*(args.set or ()), *([f"select={args.select}"] if args.select else [])]
   try:
-    summary = run_lib.run_experiment(experiment, preset=args.preset, overrides=overrides,
-                                     out_dir=args.out, resume=args.resume)
+    run_lib.run_experiment(experiment, preset=args.preset, overrides=overrides,
+                           out_dir=args.out, resume=args.resume,
+                           finish=lambda summary: _draw_plots(summary, args.plots))
+  except lock_lib.Locked as e:  # Another process writes the folder: try again later.
+    print(f"mpx run: locked: {e}", file=sys.stderr)
+    return run_lib.LOCKED_EXIT_CODE
   except run_lib.Preempted as e:
     again = ("the same command" if args.resume == RESUME_AUTO
              else "the same command and --resume (or --resume=auto)")
@@ -112,11 +116,17 @@ def _run_command(args) -> int:
           f"summary written), so no training was lost; {again} starts or continues it.",
           file=sys.stderr)
     return run_lib.INTERRUPTED_EXIT_CODE
+  return 0
+
+
+def _draw_plots(summary: dict, plots: bool) -> None:
+  """The run's figures (process 0, while the run still holds its folder)."""
   from mpx.sweep import distributed
+  from mpx.sweep import run_folder
   if not distributed.is_primary():  # Process 0 writes the run's files.
-    return 0
+    return
   run_dir, local_dir = summary["run_dir"], summary["local_dir"]
-  if not args.plots:
+  if not plots:
     print(f"no plots (--no-plots): `mpx plot {run_dir}` draws them", file=sys.stderr)
   else:
     try:  # Drawn by default: summary.md links plots/overview.png.
@@ -126,7 +136,6 @@ def _run_command(args) -> int:
       print(f"no plots: {e}", file=sys.stderr)
     run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
   print(f"summary: {run_dir}/summary.md", file=sys.stderr)  # The last line: where to look.
-  return 0
 
 
 def _plot_command(args) -> int:
@@ -297,6 +306,9 @@ exit status:
        dependency missing (one line naming its install); nothing was written
   3    refused: the run directory holds another run (another config, or progress a fresh
        start would overwrite), or --resume found nothing to continue; nothing was written
+  75   locked: another process is writing the run directory (its host, pid, start and
+       command are named); nothing was read or written. Run the same command once it has
+       ended (a lock whose process died is taken over: see docs/sweeps.md)
   130  interrupted: Ctrl-C, the state is checkpointed as for SIGTERM (a second Ctrl-C
        stops at once, without saving); run the same command again
   143  preempted: SIGTERM, the state is checkpointed; run the same command again

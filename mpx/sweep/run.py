@@ -13,6 +13,7 @@ acts on are the `*_EXIT_CODE` constants below (see `mpx run --help`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,6 +34,7 @@ from mpx.sweep import data as data_lib
 from mpx.sweep import distributed
 from mpx.sweep import engine
 from mpx.sweep import evaluate as evaluate_lib
+from mpx.sweep import lock as lock_lib
 from mpx.sweep import memory
 from mpx.sweep import run_folder
 from mpx.sweep import select as select_lib
@@ -48,6 +50,9 @@ from mpx.sweep import stages
 FAILED_EXIT_CODE = 1
 ERROR_EXIT_CODE = 2
 REFUSED_EXIT_CODE = 3
+# 75 locked: another process is writing the run folder (`lock`): nothing was read or
+# written; the same command succeeds once that process has ended (the launchers wait).
+LOCKED_EXIT_CODE = lock_lib.EXIT_CODE
 PREEMPTED_EXIT_CODE = 143
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports Ctrl-C.
 RESUME_AUTO = "auto"  # `--resume=auto`: start, or continue the same run.
@@ -583,7 +588,7 @@ def plan(groups: list[engine.Group], mesh, out: str, completed: dict | None) -> 
 
 def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                    overrides=(), out_dir: str | None = None, resume: bool | str = False,
-                   devices=None) -> dict:
+                   devices=None, finish=None) -> dict:
   """Builds, trains and reports one experiment; returns the summary dict plus `run_dir`
   (the run folder) and `local_dir`, where its files are written: `run_dir` itself, or for
   a gs:// URL the staging folder `run_folder.push` uploads.
@@ -591,7 +596,22 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   `resume`: False starts fresh (refused where the folder holds an earlier run's progress),
   True continues the folder's run (refused where it holds none, or another), "auto"
   (RESUME_AUTO) does either: it continues where the folder holds progress (a completed
-  checkpoint, or metrics past step 0) and starts fresh where it holds none."""
+  checkpoint, or metrics past step 0) and starts fresh where it holds none.
+
+  The job holds the run folder's lock (`lock.job_lock`; `lock.Locked` where another
+  process holds it) from before it reads the folder until it returns, `finish(result)`
+  (e.g. drawing the plots into the folder) included."""
+  with contextlib.ExitStack() as held:
+    result = _run_experiment(experiment, preset=preset, overrides=overrides, out_dir=out_dir,
+                             resume=resume, devices=devices, hold=held.enter_context)
+    if finish is not None:
+      finish(result)
+    return result
+
+
+def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir, resume,
+                    devices, hold) -> dict:
+  """`run_experiment`; `hold(context)` keeps `context` entered until it returns."""
   if resume not in (False, True, RESUME_AUTO):
     raise ValueError(f"resume must be False, True or {RESUME_AUTO!r}; got {resume!r}.")
   resume_arg = resume
@@ -642,6 +662,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   # All processes check (each must refuse alike); process 0 alone writes, then all wait.
   if not url:
     _check_run_dir(run_dir)
+  hold(lock_lib.job_lock(out, command))  # One writer per folder, before it is read.
   primary = distributed.is_primary()
   flag = "--resume" if resume is True else f"--resume={RESUME_AUTO}"
   if resume == RESUME_AUTO:  # The same run resumes; a folder without progress starts.
