@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from http import HTTPStatus
 
 import jax
 import numpy as np
@@ -212,6 +213,49 @@ def test_a_damaged_newest_checkpoint_in_a_bucket_is_set_aside(reference, bucket,
   _assert_same_run(reference, out)
 
 
+@contextlib.contextmanager
+def _refusing_checkpoint_writes():
+  """The emulator answers 403 Forbidden to every upload into checkpoints/ (a bucket whose
+  policy lets the run write its other files, not its checkpoints)."""
+  from gcp_storage_emulator import server as emulator
+  from gcp_storage_emulator.handlers import objects
+
+  def refusing(upload):
+    def refuse_checkpoints(request, response, storage, *args, **kwargs):
+      if any("/checkpoints/" in name for name in request.query.get("name", [])):
+        response.status = HTTPStatus.FORBIDDEN
+        response.json({"error": {"code": 403, "message": "the bucket refuses this write"}})
+        return None
+      return upload(request, response, storage, *args, **kwargs)
+    return refuse_checkpoints
+
+  replaced = [(handlers, method, handlers[method]) for _, handlers in emulator.HANDLERS
+              for method in (emulator.POST, emulator.PUT)
+              if handlers.get(method) in (objects.insert, objects.xml_upload)]
+  for handlers, method, upload in replaced:
+    handlers[method] = refusing(upload)
+  try:
+    yield
+  finally:
+    for handlers, method, upload in replaced:
+      handlers[method] = upload
+
+
+def test_a_bucket_refusing_a_checkpoint_ends_in_one_line(bucket, capfd):
+  """A bucket that refuses Orbax's checkpoint writes (a 403 to gcsfs or tensorstore, as
+  Orbax writes a file through either): one line naming the checkpoint and the cause, exit
+  status 4, no traceback of Orbax's threads."""
+  out = f"{bucket}/runs/refused"
+  with _refusing_checkpoint_writes():
+    assert cli.main(_argv(out)) == run.STORAGE_EXIT_CODE == 4
+  err = capfd.readouterr().err
+  last = err.splitlines()[-1]
+  assert re.match(rf"mpx run: storage fault: writing checkpoint step 4 to {out}/checkpoints/"
+                  r"toy_a/4 failed: (Forbidden|PERMISSION_DENIED): .*; fix the storage .*, "
+                  r"then continue with the same command", last), last
+  assert "Traceback" not in err and "mpx run:" not in err[:err.rindex(last)], err
+
+
 # --- what the libraries' threads print -----------------------------------------------------
 
 class _ClosedLoopCallback:
@@ -242,7 +286,7 @@ def test_background_errors_go_to_the_log_that_one_line_names(tmp_path, capfd):
     _ClosedLoopCallback()  # Collected at once: its __del__ raises.
 
   with storage.background_errors_to_log():
-    storage.log_here(tmp_path)
+    storage.log_here(tmp_path, str(tmp_path))
     fail_in_threads()
   assert (sys.excepthook, sys.unraisablehook, threading.excepthook) == hooks
   log = tmp_path / storage.LOG_FILE
@@ -254,11 +298,11 @@ def test_background_errors_go_to_the_log_that_one_line_names(tmp_path, capfd):
   assert text.count("Traceback") == 3
 
   with storage.background_errors_to_log() as errors:  # Under a fault: its line names it.
-    storage.log_here(tmp_path)
+    storage.log_here(tmp_path, "gs://bucket/run")
     fail_in_threads()
     line = storage.fault_line(OSError(errno.ENOSPC, "No space left on device"), errors,
                               "the same command")
-  assert line == (f"mpx run: storage fault: {tmp_path}: No space left on device; fix the "
+  assert line == (f"mpx run: storage fault: gs://bucket/run: No space left on device; fix the "
                   "storage (free space, permissions), then continue with the same command "
                   f"(it resumes from the last complete checkpoint). Background errors: {log}")
   assert capfd.readouterr().err == ""

@@ -579,7 +579,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   checkpoints = run_folder.checkpoint_root(out)
   # Where process 0 writes the other files: the folder itself, or a URL's staging folder.
   run_dir = run_folder.staging_dir(out) if url else pathlib.Path(out)
-  storage.log_here(run_dir)  # Under `mpx run`: where its libraries' thread errors go.
+  # Under `mpx run`: where its libraries' thread errors go (process 0 writes the folder).
+  storage.log_here(run_dir if distributed.is_primary() else None, out)
   command = config_lib.command_line(experiment, preset, overrides, out,
                                     distributed=jax.process_count() > 1)
   saved_config = {"experiment": experiment.NAME, "preset": preset,

@@ -38,6 +38,7 @@ class BackgroundErrors(logging.Filter):
     self.count = 0  # Errors caught.
     self.lines: list[str] = []
     self.run_dir: str | None = None
+    self.out: str | None = None  # The run folder as named (a gs:// URL, or run_dir).
     self.written: str | None = None  # The log file, once written.
 
   def filter(self, record: logging.LogRecord) -> bool:
@@ -81,10 +82,12 @@ class BackgroundErrors(logging.Filter):
 _active: BackgroundErrors | None = None  # While `background_errors_to_log` runs.
 
 
-def log_here(run_dir: str | os.PathLike) -> None:
-  """Names the local run folder the log goes to (nothing outside `mpx run`)."""
+def log_here(run_dir: str | os.PathLike | None, out: str) -> None:
+  """Names the local folder the log goes to (None: a temporary file) and the run folder
+  `out` a fault without a path of its own is said to be in (nothing outside `mpx run`)."""
   if _active is not None:
-    _active.run_dir = os.fspath(run_dir)
+    _active.run_dir = None if run_dir is None else os.fspath(run_dir)
+    _active.out = out
 
 
 @contextlib.contextmanager
@@ -127,7 +130,7 @@ def fault_line(error: BaseException, errors: BackgroundErrors, again: str) -> st
     cause = checkpoint.storage_cause(error)
     if cause is None:
       return None
-    what, fix = f"{error.filename or errors.run_dir or 'the run folder'}: {cause}", None
+    what, fix = f"{error.filename or errors.out or 'the run folder'}: {cause}", None
   fix = fix or "fix the storage (free space, permissions)"
   log = errors.write()
   return (f"mpx run: storage fault: {what}; {fix}, then continue with {again} (it resumes "
