@@ -428,7 +428,8 @@ def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path, saved: dict) -> N
 
 
 def completed_steps(root: epath.Path) -> dict[str, int]:
-  """Each group's latest checkpointed step under `root`: the metrics to keep on resume."""
+  """Each group's latest checkpointed step under `root` (listed, not read: whether a
+  folder holds progress; `_intact_steps` reads what a resume restores)."""
   steps = {}
   for directory in (root.iterdir() if root.exists() else []):
     latest = checkpoint.latest_step(directory)
@@ -621,10 +622,10 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   else:
     _check_fresh(root, checkpoints, saved_config)
     keep = lambda r: False  # What a failed start wrote (its step-0 evaluation) goes.
-  set_aside = []  # Process 0 moves the damaged checkpoints before any process restores.
+  aside = []  # Process 0 moves the damaged checkpoints before any process restores.
   if primary:
     run_folder.pull(out, run_dir)
-    set_aside = [_set_aside(d, completed) for d in damaged]
+    aside = [_set_aside(d, completed) for d in damaged]
     if not resume:
       run_dir.mkdir(parents=True, exist_ok=True)
       # Atomic: a kill leaves the old file or the new one, never half of it.
@@ -637,7 +638,7 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     print(f"{command}{asked[resume_arg]}  ({jax.device_count()} "
           f"{jax.default_backend()} device(s){staged})", file=sys.stderr)
     print(plan(groups, mesh, out, completed if resume else None), file=sys.stderr)
-    for line in set_aside:
+    for line in aside:
       print(line, file=sys.stderr)
   if primary and hasattr(experiment, "save_run_files"):  # E.g. the tokenizer a run trained.
     for _, (variant, *_) in variants:

@@ -56,7 +56,8 @@ class BackgroundErrors(logging.Filter):
 
   def write(self) -> str | None:
     """Appends the lines to RUN_DIR/background-errors.log (a temporary file where the run
-    folder is unknown or cannot take it); returns its path (None: nothing to write)."""
+    folder is unknown or cannot take it); returns its path (None: nothing to write). Where
+    no file takes them either, they go to stderr after all: never lost."""
     if not self.lines or self.written:
       return self.written
     text = (f"== mpx run, process {os.getpid()}, "
@@ -72,9 +73,14 @@ class BackgroundErrors(logging.Filter):
       except OSError:  # E.g. the full disk the log is about: no half of it stays.
         with contextlib.suppress(OSError):
           os.truncate(path, size) if size is not None else os.remove(path)
-    fd, path = tempfile.mkstemp(prefix="mpx-run-", suffix=".log")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      f.write(text)
+    try:
+      fd, path = tempfile.mkstemp(prefix="mpx-run-", suffix=".log")
+      with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    except OSError:
+      sys.stderr.write(text)
+      self.lines = []
+      return None
     self.written = path
     return path
 
@@ -116,9 +122,9 @@ def background_errors_to_log() -> Iterator[BackgroundErrors]:
     for name in _LOGGERS:
       logging.getLogger(name).removeFilter(errors)
     sys.excepthook, sys.unraisablehook, threading.excepthook = hooks
-    if errors.lines and not errors.written:
+    if errors.lines and not errors.written and (log := errors.write()):
       print(f"mpx run: {errors.count} error(s) of background threads (Orbax, asyncio) "
-            f"logged to {errors.write()}", file=sys.stderr)
+            f"logged to {log}", file=sys.stderr)
 
 
 def fault_line(error: BaseException, errors: BackgroundErrors, again: str) -> str | None:
