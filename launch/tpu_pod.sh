@@ -514,7 +514,7 @@ step_watch() {
         ;;
       failed*)
         again --grace "$grace" stop || say "stopping the other workers' jobs failed (above)"
-        say "the job failed with status ${job#failed } (1 failed, 2 error, 3 refused: see launch/README.md); its log: bash launch/tpu_pod.sh logs. Fix the cause, then run watch again: the run continues from its checkpoints"
+        say "the job failed with status ${job#failed } (1 failed, 2 error, 3 refused, 4 storage: see launch/README.md); its log: bash launch/tpu_pod.sh logs. Fix the cause, then run watch again: the run continues from its checkpoints"
         exit "${job#failed }"
         ;;
       unknown)

@@ -105,9 +105,7 @@ def _run_command(args) -> int:
     print(f"mpx run: locked: {e}", file=sys.stderr)
     return run_lib.LOCKED_EXIT_CODE
   except run_lib.Preempted as e:
-    again = ("the same command" if args.resume == RESUME_AUTO
-             else "the same command and --resume (or --resume=auto)")
-    print(f"mpx run: {e} Continue with {again}.", file=sys.stderr)
+    print(f"mpx run: {e} Continue with {_again(args)}.", file=sys.stderr)
     return e.exit_code
   except KeyboardInterrupt:  # Outside training (a second Ctrl-C in it exits at once).
     again = ("the same command" if args.resume == RESUME_AUTO
@@ -136,6 +134,29 @@ def _draw_plots(summary: dict, plots: bool) -> None:
       print(f"no plots: {e}", file=sys.stderr)
     run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
   print(f"summary: {run_dir}/summary.md", file=sys.stderr)  # The last line: where to look.
+
+
+def _again(args) -> str:
+  """How to continue a run that stopped: the same command, which must resume."""
+  return ("the same command" if args.resume == RESUME_AUTO
+          else "the same command and --resume (or --resume=auto)")
+
+
+def _run_reporting_storage_faults(args) -> int:
+  """`mpx run`, where a storage fault (a full disk, a refused write, checkpoints that do
+  not restore) ends in one line and exit status 4, and the libraries' thread errors go to
+  a log file that line names (`mpx.sweep.storage`)."""
+  from mpx.sweep import run as run_lib
+  from mpx.sweep import storage
+  with storage.background_errors_to_log() as errors:
+    try:
+      return _run_command(args)
+    except OSError as e:
+      line = storage.fault_line(e, errors, _again(args))
+      if line is None:
+        raise
+      print(line, file=sys.stderr)
+      return run_lib.STORAGE_EXIT_CODE
 
 
 def _plot_command(args) -> int:
@@ -306,6 +327,11 @@ exit status:
        dependency missing (one line naming its install); nothing was written
   3    refused: the run directory holds another run (another config, or progress a fresh
        start would overwrite), or --resume found nothing to continue; nothing was written
+  4    storage: a full disk, a denied permission, a bucket refusing a write, or a group
+       none of whose checkpoints restores (one line: the path, the cause, the log of the
+       libraries' thread errors); fix it, then run the same command again. A damaged
+       newest checkpoint alone is no fault: it is set aside, the run resumes from the
+       newest one that restores
   75   locked: another process is writing the run directory (its host, pid, start and
        command are named); nothing was read or written. Run the same command once it has
        ended (a lock whose process died is taken over: see docs/sweeps.md)
@@ -353,7 +379,7 @@ def make_parser() -> argparse.ArgumentParser:
   run.add_argument("--distributed", action="store_true",
                    help="join a multi-process run (jax.distributed; also MPX_DISTRIBUTED=1): "
                         "see launch/README.md")
-  run.set_defaults(func=_run_command)
+  run.set_defaults(func=_run_reporting_storage_faults)
 
   plot = sub.add_parser("plot", help="draw a run's curves into RUN_DIR/plots")
   plot.add_argument("run_dir", help="a run folder: the --out of `mpx run`")

@@ -349,5 +349,5 @@ def test_run_help_lists_the_exit_codes(capsys):
   out = capsys.readouterr().out
   assert "exit status:" in out and "--resume=auto" in out
   for code in (0, run.FAILED_EXIT_CODE, run.ERROR_EXIT_CODE, run.REFUSED_EXIT_CODE,
-               run.LOCKED_EXIT_CODE, run.PREEMPTED_EXIT_CODE):
+               run.STORAGE_EXIT_CODE, run.LOCKED_EXIT_CODE, run.PREEMPTED_EXIT_CODE):
     assert f"\n  {code} " in out, code

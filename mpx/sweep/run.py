@@ -39,6 +39,7 @@ from mpx.sweep import memory
 from mpx.sweep import run_folder
 from mpx.sweep import select as select_lib
 from mpx.sweep import stages
+from mpx.sweep import storage
 
 # `mpx run`'s exit codes: 0 done; 1 failed (an unexpected error: a traceback); 2 error
 # (a bad command line, or a config refused when it is built or traced: a one-line message);
@@ -55,6 +56,10 @@ REFUSED_EXIT_CODE = 3
 LOCKED_EXIT_CODE = lock_lib.EXIT_CODE
 PREEMPTED_EXIT_CODE = 143
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports Ctrl-C.
+# 4 storage: a full disk, a denied permission, a bucket refusing a write, or checkpoints of
+# a group none of which restores (one line naming the path and the cause; nothing is
+# retried: fix it, then run the same command again).
+STORAGE_EXIT_CODE = 4
 RESUME_AUTO = "auto"  # `--resume=auto`: start, or continue the same run.
 
 
@@ -400,14 +405,41 @@ def _check_checkpoint_config(directory: str | pathlib.Path, stored: dict, saved:
                   "run's --preset and --set, or start a fresh run with another --out.")
 
 
-def _check_checkpoint_configs(root: epath.Path, saved: dict, flag: str = "--resume") -> None:
-  """Every group's latest checkpoint under `root`, read-only, before anything is written."""
+def _intact_steps(root: epath.Path, saved: dict, flag: str = "--resume"
+                  ) -> tuple[dict[str, int], list[checkpoint.DamagedCheckpoint]]:
+  """Each group's newest checkpoint under `root` that restores completely (read whole,
+  read-only, before anything is written; its config checked), and the newer ones that do
+  not, which the run sets aside: {group: step}, [damaged]. A group none of whose
+  checkpoints restores is a StorageError naming its folder: nothing is moved then."""
+  steps, damaged = {}, []
   for directory in sorted(root.iterdir() if root.is_dir() else []):
-    try:
-      stored = checkpoint.restore_config(directory)
-    except FileNotFoundError:  # No finalised step yet: that group starts from scratch.
-      continue
-    _check_checkpoint_config(directory, stored, saved, flag)
+    failed = []  # A group without a finalised step starts from scratch.
+    for step in reversed(checkpoint.all_steps(directory)):
+      try:
+        stored = checkpoint.check_intact(directory, step)
+      except checkpoint.DamagedCheckpoint as e:
+        failed.append(e)
+        continue
+      _check_checkpoint_config(directory, stored, saved, flag)
+      steps[directory.name] = step
+      break
+    if failed and directory.name not in steps:
+      causes = "; ".join(f"step {e.step}: {e.cause}" for e in failed)
+      raise checkpoint.StorageError(
+          f"no checkpoint of group {directory.name} in {directory} restores ({causes})",
+          path=str(directory), cause=causes,
+          fix=f"move the damaged step folders out of {directory} (group "
+              f"{directory.name} then trains from step 0) or put back intact copies")
+    damaged += failed
+  return steps, damaged
+
+
+def _set_aside(damaged: checkpoint.DamagedCheckpoint, steps: dict[str, int]) -> str:
+  """Moves a damaged checkpoint out of the steps Orbax lists; the line that says so."""
+  moved = checkpoint.set_aside(damaged.directory, damaged.step)
+  group = os.path.basename(damaged.directory)
+  return (f"checkpoint step {damaged.step} of group {group} does not restore "
+          f"({damaged.cause}): moved to {moved}; {group} resumes from step {steps[group]}")
 
 
 def _check_run_dir(run_dir: pathlib.Path) -> None:
@@ -465,7 +497,8 @@ def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path, saved: dict) -> N
 
 
 def completed_steps(root: epath.Path) -> dict[str, int]:
-  """Each group's latest checkpointed step under `root`: the metrics to keep on resume."""
+  """Each group's latest checkpointed step under `root` (listed, not read: whether a
+  folder holds progress; `_intact_steps` reads what a resume restores)."""
   steps = {}
   for directory in (root.iterdir() if root.exists() else []):
     latest = checkpoint.latest_step(directory)
@@ -634,6 +667,8 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   checkpoints = run_folder.checkpoint_root(out)
   # Where process 0 writes the other files: the folder itself, or a URL's staging folder.
   run_dir = run_folder.staging_dir(out) if url else pathlib.Path(out)
+  # Under `mpx run`: where its libraries' thread errors go (process 0 writes the folder).
+  storage.log_here(run_dir if distributed.is_primary() else None, out)
   command = config_lib.command_line(experiment, preset, overrides, out,
                                     distributed=jax.process_count() > 1)
   saved_config = {"experiment": experiment.NAME, "preset": preset,
@@ -667,17 +702,18 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   flag = "--resume" if resume is True else f"--resume={RESUME_AUTO}"
   if resume == RESUME_AUTO:  # The same run resumes; a folder without progress starts.
     resume = _has_progress(root, checkpoints) is not None
-  completed = {}
+  completed, damaged = {}, []
   if resume:
     _check_resume_config(root, checkpoints, saved_config, flag)
-    _check_checkpoint_configs(checkpoints, saved_config, flag)
-    completed = completed_steps(checkpoints)
+    completed, damaged = _intact_steps(checkpoints, saved_config, flag)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:
     _check_fresh(root, checkpoints, saved_config)
     keep = lambda r: False  # What a failed start wrote (its step-0 evaluation) goes.
+  aside = []  # Process 0 moves the damaged checkpoints before any process restores.
   if primary:
     run_folder.pull(out, run_dir)
+    aside = [_set_aside(d, completed) for d in damaged]
     if not resume:
       run_dir.mkdir(parents=True, exist_ok=True)
       # Atomic: a kill leaves the old file or the new one, never half of it.
@@ -690,6 +726,8 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
     print(f"{command}{asked[resume_arg]}  ({jax.device_count()} "
           f"{jax.default_backend()} device(s){staged})", file=sys.stderr)
     print(plan(groups, mesh, out, completed if resume else None), file=sys.stderr)
+    for line in aside:
+      print(line, file=sys.stderr)
   if primary and hasattr(experiment, "save_run_files"):  # E.g. the tokenizer a run trained.
     for _, (variant, *_) in variants:
       experiment.save_run_files(variant, run_dir)
