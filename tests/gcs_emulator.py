@@ -6,6 +6,7 @@ gcsfs (STORAGE_EMULATOR_HOST): the two routes a real bucket takes. Use as a fixt
 `bucket` (registered in conftest.py) gives the URL gs://mpx-test (module scope).
 """
 
+import functools
 import os
 import socket
 import sys
@@ -50,6 +51,7 @@ def _writes_keep_their_preconditions():
   from gcp_storage_emulator.handlers import objects
 
   def with_precondition(handler, key_of):
+    @functools.wraps(handler)  # `__wrapped__`: tests that replace an upload route find it.
     def write(request, response, storage, *args, **kwargs):
       wanted, object_id = request.query.get("ifGenerationMatch"), key_of(request)
       if wanted is not None and object_id is not None:

@@ -10,6 +10,7 @@ bit for bit as an uninterrupted run.
 
 import contextlib
 import errno
+import inspect
 import io
 import json
 import os
@@ -234,7 +235,8 @@ def _refusing_checkpoint_writes():
 
   replaced = [(handlers, method, handlers[method]) for _, handlers in emulator.HANDLERS
               for method in (emulator.POST, emulator.PUT)
-              if handlers.get(method) in (objects.insert, objects.xml_upload)]
+              if inspect.unwrap(handlers.get(method, len)) in (objects.insert,
+                                                               objects.xml_upload)]
   for handlers, method, upload in replaced:
     handlers[method] = refusing(upload)
   try:
