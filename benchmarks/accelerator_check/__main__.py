@@ -43,12 +43,13 @@ sys.path[:] = [str(PACKAGE.parent), str(PACKAGE.parents[1])] + [
     p for p in sys.path if pathlib.Path(p).resolve() != PACKAGE]
 
 import accelerator_check  # noqa: E402 (first: it starts the clock, sets jax's environment)
-from accelerator_check import context, cudnn, cudnn_probes, environment, eta  # noqa: E402
+from accelerator_check import ab, context, cudnn, cudnn_probes, environment, eta  # noqa: E402
 from accelerator_check import models, report, sweep  # noqa: E402
 import jax  # noqa: E402
 
 STAGE_FUNCTIONS = {
     "environment": ("Environment and matmul peak", environment.stage_environment),
+    "ab": ("A/B of step variants", ab.stage_ab),
     "sweep": ("Sweep throughput: the Boolean model", sweep.stage_sweep),
     "cudnn": ("cuDNN attention under the engine's jit(vmap)", cudnn.stage_cudnn),
     "models": ("ViT-Tiny and the language model", models.stage_models),

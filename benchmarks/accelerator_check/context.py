@@ -36,6 +36,7 @@ class Sizes:
   vit_steps: int
   language_preset: str
   probe: dict          # Stage 3: attention shapes, the probe ViT, the engine probe's slot.
+  ab: dict             # The A/B: the Boolean slot, K, its variants, steps checked, rounds.
   stage_s: dict        # Least seconds a stage needs to start.
   row_s: float         # Least seconds a measurement needs before its compile time is known.
 
@@ -49,8 +50,11 @@ DEVICE = Sizes(
     probe=dict(batch=32, tokens=16, odd_tokens=197, heads=6, head_dim=64, vit_batch=8,
                vit=dict(width=192, depth=2, num_heads=3, head_dim=64, mlp_dim=768),
                engine_slot="quick", engine_steps=4),
-    # The environment always runs (0): every rate is a fraction of its peaks.
-    stage_s={"environment": 0, "sweep": 60, "cudnn": 45, "models": 60, "eta": 5},
+    ab=dict(slot="paper", members=16, check_steps=32, rounds=5,
+            variants=("plain", "bf16", "graphs", "unroll2", "unroll4")),
+    # The environment always runs (0): every rate is a fraction of its peaks. The A/B: a
+    # compile of ≈ 20 s per variant (unrolled ones longer), 4 + 2 chunks of ≈ 0.3 s each.
+    stage_s={"environment": 0, "ab": 120, "sweep": 60, "cudnn": 45, "models": 60, "eta": 5},
     row_s=20.0)
 TINY = Sizes(
     matmul_n=256, matmul_repeats=3, presets={"paper": "tiny", "quick": "quick"},
@@ -63,7 +67,10 @@ TINY = Sizes(
     probe=dict(batch=2, tokens=16, odd_tokens=197, heads=2, head_dim=8, vit_batch=2,
                vit=dict(width=16, depth=1, num_heads=2, head_dim=8, mlp_dim=32),
                engine_slot="paper", engine_steps=8),
-    stage_s={"environment": 0, "sweep": 5, "cudnn": 5, "models": 5, "eta": 1}, row_s=1.0)
+    ab=dict(slot="paper", members=2, check_steps=32, rounds=2,
+            variants=("plain", "bf16", "graphs", "unroll2", "unroll4")),
+    stage_s={"environment": 0, "ab": 5, "sweep": 5, "cudnn": 5, "models": 5, "eta": 1},
+    row_s=1.0)
 
 
 @dataclasses.dataclass
