@@ -35,9 +35,10 @@ VARIANTS = {
     "unroll4": {"step_variant": "unroll4"},
 }
 FLOAT32_TOLERANCE = 1e-5
-# bf16 against float32, the chunk losses over 32 steps (relative): the largest difference
-# measured on a CPU, 4.9e-3 (tiny preset, K = 2) and 2.6e-3 (paper scale, K = 1), times 4.
-BF16_TOLERANCE = 2e-2
+# bf16 against float32, the largest relative difference of a chunk loss over 32 steps
+# (chunks of 8) measured on a CPU (jax 0.10.2): 2.9e-4 (tiny preset), 4.9e-3 (quick),
+# 8.2e-3 (paper scale; the last chunk's loss 0.0348 vs 0.0351); ≈ 3.5× the largest.
+BF16_TOLERANCE = 3e-2
 COLUMNS = ["variant", "overrides", "losses vs plain", "verdict", "member-steps/s",
            "× plain", "compile s", "note"]
 
@@ -142,7 +143,7 @@ def stage_ab(ctx: context.Context, st: dict) -> None:
       "Each variant is a config override of the group (`--set KEY=VALUE` of `mpx run`); "
       "each trains from the same initial state and its chunk losses are compared with the "
       f"plain step's: within {FLOAT32_TOLERANCE:g} relative in float32, {BF16_TOLERANCE:g} "
-      "in bf16 (4× the largest difference measured on a CPU), else 'differs'. Rates: the "
+      "in bf16 (≈ 3.5× the largest difference measured on a CPU), else 'differs'. Rates: the "
       f"median of {rounds} interleaved rounds of one chunk per variant, compilation "
       "excluded. To make a float32 winner the engine's GPU default, set "
       "`GPU_STEP_VARIANT` in mpx/sweep/engine.py to its name.")
