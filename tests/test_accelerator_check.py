@@ -39,7 +39,7 @@ BLOCKED = ("grain", "tensorflow_datasets", "tensorflow", "torch", "sklearn")
 
 sys.path.insert(0, str(CHECK.parent))  # benchmarks/ is not a package.
 from accelerator_check import __main__ as check  # noqa: E402
-from accelerator_check import context, cudnn, cudnn_probes, environment, eta  # noqa: E402
+from accelerator_check import ab, context, cudnn, cudnn_probes, environment, eta  # noqa: E402
 from accelerator_check import report as report_lib  # noqa: E402
 from accelerator_check import sweep  # noqa: E402
 
@@ -153,6 +153,29 @@ def _cudnn_content(stages):
   np.testing.assert_allclose(got, want, rtol=5e-2)
 
 
+def _ab_content(stages):
+  """Every tiny variant ran: the plain step is the reference and reproduces itself exactly
+  on a CPU; each other variant's losses agree with it within its tolerance (bf16's not
+  exactly: it computes in bf16); the fastest named is the fastest row that agrees."""
+  stage = stages["ab"]
+  rows = {r["variant"]: r for r in stage["rows"]}
+  assert list(rows) == list(context.TINY.ab["variants"])
+  assert rows["plain"]["verdict"] == "reference" and rows["plain"]["× plain"] == "1.00"
+  assert stage["facts"]["plain against itself"].startswith("0 (")
+  for name, row in rows.items():
+    assert row["rate"] > 0 and row["member-steps/s"] == f"{row['rate']:.4g}", row
+    assert float(row["× plain"]) == pytest.approx(row["rate"] / rows["plain"]["rate"],
+                                                  abs=5e-3), row
+    if name != "plain":
+      found = re.match(r"(\S+) \(tolerance (\S+)\)", row["losses vs plain"])
+      error, limit = float(found[1]), float(found[2])
+      assert row["verdict"] == "same" and error <= limit == ab.tolerance(ab.VARIANTS[name])
+      assert (error > 0) == (name == "bf16"), row
+  best = max(rows.values(), key=lambda r: r["rate"])
+  assert stage["facts"]["fastest that computes the same"].startswith(
+      f"{best['variant']} ({best['member-steps/s']} member-steps/s")
+
+
 def _models_content(stages):
   """Two ViT members per row, mapped as `TINY.vit_rows` says; throughput is K × batch (or
   the language row's tokens) per step, and per member a K-th of it."""
@@ -215,6 +238,7 @@ def test_tiny_run_reports_every_stage(tiny_run):
   peaks = _environment_content(stages)
   _sweep_content(stages, peaks)
   _cudnn_content(stages)
+  _ab_content(stages)
   _models_content(stages)
   _eta_content(stages)
 
@@ -309,6 +333,25 @@ def test_a_crashing_probe_is_recorded_and_the_others_still_run(tmp_path, monkeyp
   assert results["odd_tokens_padded"]["result"] == "crashed"
   assert "killed by signal 9" in results["odd_tokens_padded"]["detail"]
   assert all(r["result"] == "ok" for c, r in results.items() if c != "odd_tokens_padded")
+
+
+def test_the_ab_never_names_a_variant_whose_losses_differ(tmp_path, monkeypatch):
+  """A variant that trains something else (a larger learning rate) on a smaller batch,
+  so it runs faster: it is timed but marked "differs", and the plain step is named."""
+  monkeypatch.setitem(ab.VARIANTS, "other", {"learning_rate": 3e-3, "batch_size": 16})
+  sizes = dataclasses.replace(context.TINY, ab=dict(context.TINY.ab, rounds=3,
+                                                    variants=("plain", "other")))
+  args = check.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--cache-dir", ""])
+  budget = report_lib.Budget(600)
+  report = report_lib.Report(tmp_path / "out", {"command": "test", "budget_s": 600,
+                                                "tiny": True, "started": "now"}, budget)
+  ctx = context.Context(sizes, budget, report, args, "jax", boolean=gotu_experiment)
+  stage = report.stage("ab", "A/B")
+  ab.stage_ab(ctx, stage)
+  plain, other = stage["rows"]
+  assert other["verdict"] == "differs" and other["rate"] > plain["rate"], other
+  assert float(other["losses vs plain"].split()[0]) > 10 * ab.FLOAT32_TOLERANCE
+  assert stage["facts"]["fastest that computes the same"].startswith("plain (")
 
 
 def test_most_members_from_two_program_sizes(monkeypatch):

@@ -68,7 +68,7 @@ TINY = Sizes(
                vit=dict(width=16, depth=1, num_heads=2, head_dim=8, mlp_dim=32),
                engine_slot="paper", engine_steps=8),
     ab=dict(slot="paper", members=2, check_steps=32, rounds=2,
-            variants=("plain", "bf16", "graphs", "unroll2", "unroll4")),
+            variants=("plain", "bf16", "graphs", "unroll2")),
     stage_s={"environment": 0, "ab": 5, "sweep": 5, "cudnn": 5, "models": 5, "eta": 1},
     row_s=1.0)
 
