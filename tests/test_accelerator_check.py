@@ -8,6 +8,7 @@ against jax's own cuDNN checks.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -451,6 +452,94 @@ def test_cudnn_path_pads_before_jax_checks_the_token_count(monkeypatch):
             if "dot_product_attention" in e.primitive.name for v in e.invars[:4]]
   assert shapes and {s[1] for s in shapes[::4]} == {n + 1}  # q's tokens: 198.
   assert {s[-2:] for s in shapes[3::4]} == {(n + 1, n + 1)}  # The bias: 198 × 198.
+
+
+# --------------------------------------------------------------------------- cuDNN forms
+
+
+@pytest.mark.parametrize("form", sorted(attention_lib.CUDNN_FORMS))
+def test_every_cudnn_form_computes_the_reference_attention(form):
+  """Each form on the XLA backend, under the engine's jit(vmap(value_and_grad)) over 2
+  members with a prior each: the value and the gradients of the prior, q, k and v are
+  the reference attention's (float32, 7 tokens padded to 8), with a causal or a padding
+  mask too (a row with no visible key included)."""
+  n, k_members = 7, 2
+  keys = jax.random.split(jax.random.key(3), 5)
+  q, k, v = (jax.random.normal(key, (k_members, 2, n, 2, 8)) for key in keys[:3])
+  m_KHNN = 3 * jax.random.normal(keys[3], (k_members, 2, n, n))
+  w = jax.random.normal(keys[4], (k_members, 2, n, 2, 8))
+  pad_BN = jnp.ones((2, n), bool).at[0, -2:].set(False).at[1].set(False)
+  for kwargs in ({}, {"causal": True}, {"padding_mask": pad_BN}):
+    def loss(m, q, k, v, w, fused):
+      out = (attention_lib._masked_attention_fused(
+          q, k, v, m, None, None, kwargs.get("causal", False), kwargs.get("padding_mask"),
+          None, "xla", pad_odd=True, form=attention_lib.CUDNN_FORMS[form]) if fused else
+          attention_lib.masked_attention(q, k, v, m, **kwargs))
+      return jnp.sum(out * w)
+    run = lambda fused: jax.jit(jax.vmap(jax.value_and_grad(
+        functools.partial(loss, fused=fused), argnums=(0, 1, 2, 3))))(m_KHNN, q, k, v, w)
+    chex.assert_trees_all_close(run(True), run(False), atol=2e-5, rtol=2e-5)
+
+
+def test_the_cudnn_forms_hand_over_what_they_name():
+  """The operands each form gives jax: the plain form a float32 bias and the boolean
+  mask; "all" a bf16 bias with every hard mask folded in as a finite negative (no mask,
+  no −inf) and full-length sequence lengths; "broadcast_bias" a [1, H, N, N] bias."""
+  n = 7
+  q = jax.random.normal(jax.random.key(0), (3, n, 2, 8), jnp.bfloat16)
+  m_HNN = -300.0 * jnp.ones((2, n, n))  # log σ(−300) = −300: below the finite floor.
+  operands = lambda form: attention_lib._fused_operands(
+      q, q, q, m_HNN, None, None, True, None, None, True, attention_lib.CUDNN_FORMS[form])
+  _, _, _, bias, mask, lengths, visible = operands("plain")
+  assert bias.dtype == jnp.float32 and bias.shape == (3, 2, n + 1, n + 1)
+  assert mask is not None and lengths == {} and visible.shape == (3, 2, n)
+  q2, k2, _, bias, mask, lengths, _ = operands("all")
+  assert bias.dtype == jnp.bfloat16 and bias.shape == (3, 2, n + 1, n + 1) and mask is None
+  bias = np.asarray(bias, np.float32)
+  assert np.all(np.isfinite(bias)) and bias.min() >= 1.01 * attention_lib.FINITE_NEGATIVE
+  assert np.all(bias[:, :, 0, 1:] <= 0.99 * attention_lib.FINITE_NEGATIVE)  # Causal.
+  assert np.all(bias[:, :, :, -1] <= 0.99 * attention_lib.FINITE_NEGATIVE)  # The padding.
+  np.testing.assert_array_equal(lengths["query_seq_lengths"], [n + 1] * 3)
+  np.testing.assert_array_equal(lengths["key_value_seq_lengths"], [n + 1] * 3)
+  assert lengths["query_seq_lengths"].dtype == jnp.int32
+  bias = operands("broadcast_bias")[3]
+  assert bias.shape == (1, 2, n + 1, n + 1)
+
+
+def test_a_cudnn_form_reaches_the_kernel_under_the_engines_vmap(monkeypatch):
+  """At trace time, without a GPU (jax's checks stood in for): under vmap(value_and_grad)
+  over 2 members the "all" form gives cuDNN's primitive a bf16 bias [K·B, H, N, N] and
+  full-length sequence lengths [K·B] (jax 0.10's batching rule reshapes every operand to
+  K·B, so lengths without the member axis would fail); "broadcast_bias" fails there."""
+  from jax._src.cudnn import fused_attention_stablehlo as fused
+  for name in ("check_cudnn_version", "check_compute_capability",
+               "is_cuda_compute_capability_equal"):
+    if not hasattr(fused, name):
+      pytest.skip(f"jax's cuDNN attention has no {name} to stand in for a GPU")
+  monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91000)
+  monkeypatch.setattr(fused, "check_compute_capability", lambda capability: True)
+  monkeypatch.setattr(fused, "is_cuda_compute_capability_equal", lambda capability: False)
+  q_KBNHD = jnp.ones((2, 4, 16, 3, 64), jnp.bfloat16)
+  m_KHNN = jnp.zeros((2, 3, 16, 16))
+  w_KBNHD = jnp.ones((2, 4, 16, 3, 64))  # Per member, as the engine's output projection.
+
+  def step(form):
+    def loss(m_HNN, q, w):
+      return jnp.sum(w * attention_lib._masked_attention_fused(
+          q, q, q, m_HNN, None, None, False, None, None, "cudnn",
+          form=attention_lib.CUDNN_FORMS[form]))
+    return jax.make_jaxpr(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1))))(
+        m_KHNN, q_KBNHD, w_KBNHD)
+
+  operands = [[(tuple(v.aval.shape), str(v.aval.dtype)) for v in e.invars[:6]]
+              for e in _equations(step("all").jaxpr)
+              if "dot_product_attention" in e.primitive.name]
+  assert operands
+  for q, _, _, bias, q_lengths, kv_lengths in operands:
+    assert q == ((8, 16, 3, 64), "bfloat16") and bias == ((8, 3, 16, 16), "bfloat16")
+    assert q_lengths == kv_lengths == ((8,), "int32")
+  with pytest.raises(TypeError, match="reshape"):
+    step("broadcast_bias")
 
 
 def _equations(jaxpr):
