@@ -143,6 +143,8 @@ def _cudnn_content(stages):
   assert stage["facts"]["fused attention checked"] == (
       'the XLA path (implementation="jax"; no GPU here)')
   for row in stage["rows"]:
+    if row["case"] == "engine_chunk_form_all":
+      continue
     found = re.search(r"relative error (\S+) \(tolerance (\S+)\)", row["detail"])
     assert found, row
     error, tolerance = float(found[1]), float(found[2])
@@ -264,8 +266,9 @@ def test_tiny_run_probes_pass_and_lists_refusals(tiny_run):
   report, _, _ = tiny_run
   stage = report["stages"]["cudnn"]
   assert [r["case"] for r in stage["rows"]] == list(cudnn_probes.PROBES)
-  for row in stage["rows"]:
-    assert row["result"] == "ok", row
+  forms = set(cudnn_probes.FORM_PROBES) | {"engine_chunk_form_all"}
+  for row in stage["rows"]:  # No cuDNN on a CPU: the forms' cases say so.
+    assert row["result"] == ("not available" if row["case"] in forms else "ok"), row
   refused = [n for n in stage["notes"] if n.startswith("Refused before any compile")]
   assert any("float16 or all bfloat16" in n for n in refused)
   assert any("only on an NVIDIA GPU" in n for n in refused)
@@ -353,6 +356,24 @@ def test_the_ab_never_names_a_variant_whose_losses_differ(tmp_path, monkeypatch)
   assert other["verdict"] == "differs" and other["rate"] > plain["rate"], other
   assert float(other["losses vs plain"].split()[0]) > 10 * ab.FLOAT32_TOLERANCE
   assert stage["facts"]["fastest that computes the same"].startswith("plain (")
+
+
+def test_the_form_probes_say_not_available_without_cudnn(tmp_path):
+  """On a CPU the form cases run their form on the XLA path, where it matches the
+  reference, then try cuDNN: "not available" per case, with jax's reason, and the probe
+  process goes on to the next case."""
+  path = tmp_path / "probes.jsonl"
+  cases = ["form_all", "engine_chunk_form_all"]
+  cudnn_probes.run_probes(path, cases, context.TINY)
+  done, started = cudnn.read_probes(path)
+  assert list(done) == cases and started is None
+  assert all(done[c]["status"] == "not available" for c in cases), done
+  detail = done["form_all"]["detail"]
+  assert detail.startswith("RuntimeError: cuDNN is not detected"), detail
+  found = re.search(r"on the XLA path \(ok\): relative error (\S+) \(tolerance (\S+)\)",
+                    detail)
+  assert found and 0 < float(found[1]) <= float(found[2]), detail
+  assert "needs an NVIDIA GPU" in done["engine_chunk_form_all"]["detail"]
 
 
 def test_most_members_from_two_program_sizes(monkeypatch):
