@@ -8,7 +8,6 @@ against jax's own cuDNN checks.
 """
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -478,28 +477,31 @@ def test_cudnn_path_pads_before_jax_checks_the_token_count(monkeypatch):
 # --------------------------------------------------------------------------- cuDNN forms
 
 
-@pytest.mark.parametrize("form", sorted(attention_lib.CUDNN_FORMS))
-def test_every_cudnn_form_computes_the_reference_attention(form):
+def test_every_cudnn_form_computes_the_reference_attention():
   """Each form on the XLA backend, under the engine's jit(vmap(value_and_grad)) over 2
-  members with a prior each: the value and the gradients of the prior, q, k and v are
-  the reference attention's (float32, 7 tokens padded to 8), with a causal or a padding
-  mask too (a row with no visible key included)."""
+  members with a prior each, a causal and a padding mask (a row with no visible key
+  included): the value and the gradients of the prior, q, k and v are the reference
+  attention's (float32, 7 tokens padded to 8)."""
   n, k_members = 7, 2
   keys = jax.random.split(jax.random.key(3), 5)
   q, k, v = (jax.random.normal(key, (k_members, 2, n, 2, 8)) for key in keys[:3])
   m_KHNN = 3 * jax.random.normal(keys[3], (k_members, 2, n, n))
   w = jax.random.normal(keys[4], (k_members, 2, n, 2, 8))
   pad_BN = jnp.ones((2, n), bool).at[0, -2:].set(False).at[1].set(False)
-  for kwargs in ({}, {"causal": True}, {"padding_mask": pad_BN}):
-    def loss(m, q, k, v, w, fused):
-      out = (attention_lib._masked_attention_fused(
-          q, k, v, m, None, None, kwargs.get("causal", False), kwargs.get("padding_mask"),
-          None, "xla", pad_odd=True, form=attention_lib.CUDNN_FORMS[form]) if fused else
-          attention_lib.masked_attention(q, k, v, m, **kwargs))
+
+  def run(form):
+    def loss(m, q, k, v, w):
+      out = (attention_lib.masked_attention(q, k, v, m, causal=True, padding_mask=pad_BN)
+             if form is None else attention_lib._masked_attention_fused(
+                 q, k, v, m, None, None, True, pad_BN, None, "xla", pad_odd=True,
+                 form=attention_lib.CUDNN_FORMS[form]))
       return jnp.sum(out * w)
-    run = lambda fused: jax.jit(jax.vmap(jax.value_and_grad(
-        functools.partial(loss, fused=fused), argnums=(0, 1, 2, 3))))(m_KHNN, q, k, v, w)
-    chex.assert_trees_all_close(run(True), run(False), atol=2e-5, rtol=2e-5)
+    return jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))))(
+        m_KHNN, q, k, v, w)
+
+  want = run(None)
+  for form in attention_lib.CUDNN_FORMS:
+    chex.assert_trees_all_close(run(form), want, atol=2e-5, rtol=2e-5, custom_message=form)
 
 
 def test_the_cudnn_forms_hand_over_what_they_name():

@@ -119,13 +119,19 @@ def stage_ab(ctx: context.Context, st: dict) -> None:
       st["partial"] = True
     ctx.report.write()
   for _ in range(rounds):  # Interleaved: one chunk of each variant per round.
-    for name, entry in live.items():
+    for name, entry in list(live.items()):
       chunk, state, hparams, data, row, seconds = entry
-      start = time.perf_counter()
-      state, out = chunk(state, hparams, data)
-      jax.block_until_ready(out)
-      seconds.append(time.perf_counter() - start)
-      entry[1] = state
+      try:
+        start = time.perf_counter()
+        state, out = chunk(state, hparams, data)
+        jax.block_until_ready(out)
+        seconds.append(time.perf_counter() - start)
+        entry[1] = state
+      except Exception as e:  # noqa: BLE001 (the other variants keep their timing)
+        traceback.print_exc()
+        row["verdict"], row["note"] = "failed", report.one_line(e)
+        st["partial"] = True
+        del live[name]
   for name, (_, _, _, _, row, seconds) in live.items():
     row["rate"] = k * steps / statistics.median(seconds)
     row["member-steps/s"] = f"{row['rate']:.4g}"
@@ -138,7 +144,7 @@ def stage_ab(ctx: context.Context, st: dict) -> None:
     best = max(passing, key=lambda row: row["rate"])
     st["facts"]["fastest that computes the same"] = (
         f"{best['variant']} ({best['member-steps/s']} member-steps/s, "
-        f"{best['× plain']}× plain)")
+        f"{best.get('× plain', '–')}× plain)")
   st["notes"].append(
       "Each variant is a config override of the group (`--set KEY=VALUE` of `mpx run`); "
       "each trains from the same initial state and its chunk losses are compared with the "

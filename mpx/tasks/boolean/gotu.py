@@ -54,7 +54,8 @@ class Config(PriorConfig):
     softmax, LayerNorm and params stay float32): bf16 is for GPUs, slow on CPU.
   attention: "reference", "jax" (`jax.nn.dot_product_attention`'s XLA path, the mask as
     a float32 bias) or "cudnn" (its fused cuDNN kernel: refused, wrong under vmap on
-    jax 0.11.2, see experiments/results/accelerator_check_h200.md).
+    jax 0.11.2, see experiments/results/accelerator_check_h200.md; the accelerator check
+    tries each form of `mpx.attention.CUDNN_FORMS`).
   """
   tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)  # Or your own, see boolean.register_task.
   seeds: int = 10
