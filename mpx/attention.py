@@ -82,9 +82,11 @@ class CudnnForm:
   full_bias: the bias materialised per example and head, `[B, H, Nq, Nk]` (jax's batching
     rule reshapes a vmapped bias to that size); False hands `[1, H, Nq, Nk]` where it does
     not vary over the batch.
-  seq_lengths: full-length `query_seq_lengths` / `key_value_seq_lengths` passed (NaN key
-    and value gradients with very negative log-sum-exps were avoided so), shaped from q so
-    that they carry a vmapped member axis as every other operand does.
+  seq_lengths: full-length `query_seq_lengths` / `key_value_seq_lengths` (keywords of
+    `jax.nn.dot_product_attention` in jax 0.10 and 0.11 alike) passed: NaN key and value
+    gradients with very negative log-sum-exps were avoided so. Shaped from q, so that they
+    carry a vmapped member axis as every other operand does (jax 0.10's batching rule
+    reshapes each to the flattened batch).
   """
   bias_dtype: str = "float32"
   finite: bool = False
@@ -409,7 +411,8 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
         gradients, jax-ml/jax#32242). cuDNN trains with a prior or hard mask only at
         an even token count: an odd one (ViT-Tiny at 224 px has 197 tokens) gets one
         more key, hidden by the mask, and one more query, dropped; the result is the
-        same. cuDNN's head-dim limits (a multiple of 8, <= 128 before Hopper and <= 256
+        same. How the bias reaches cuDNN is `CUDNN_FORM` (a `CudnnForm`). cuDNN's
+        head-dim limits (a multiple of 8, <= 128 before Hopper and <= 256
         from it) raise jax's NotImplementedError.
 
   Returns:

@@ -2,7 +2,9 @@
 
 Each case runs the program the sweep engine compiles, `jit(vmap(value_and_grad))` over 2
 members, with fused attention (cuDNN on a GPU) and with the reference attention, and
-compares the two. They run in a process of their own (`--cudnn-probes`) that logs each
+compares the two; the form cases hand cuDNN the engine's case in one form each
+(`mpx.attention.CUDNN_FORMS`), and without cuDNN check the form on the XLA path and read
+"not available". They run in a process of their own (`--cudnn-probes`) that logs each
 case's start and end, so a crash in cuDNN ends that process, not the check, and the log
 names the case it ended.
 """
