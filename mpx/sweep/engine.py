@@ -96,9 +96,9 @@ class Probe:
 
 @dataclasses.dataclass(frozen=True)
 class ChunkOptions:
-  """How a training chunk is compiled. None of them changes what it computes: the device
-  A/B (`benchmarks/accelerator_check`, stage "ab") checks each variant's losses against
-  the plain chunk's before it times them.
+  """How a training chunk is compiled. None of them changes what it computes, beyond the
+  order XLA may round in: the device A/B (`benchmarks/accelerator_check`, stage "ab")
+  checks each variant's losses against the plain chunk's before it times them.
 
   scan_unroll: steps per iteration of the chunk's `lax.scan` (jax's `unroll`): fewer loop
     iterations, each a longer body for XLA to fuse and schedule; compile time grows with it.
