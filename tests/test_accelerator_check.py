@@ -342,8 +342,8 @@ def test_the_ab_never_names_a_variant_whose_losses_differ(tmp_path, monkeypatch)
   """A variant that trains something else (a larger learning rate) on a smaller batch,
   so it runs faster: it is timed but marked "differs", and the plain step is named."""
   monkeypatch.setitem(ab.VARIANTS, "other", {"learning_rate": 3e-3, "batch_size": 16})
-  sizes = dataclasses.replace(context.TINY, ab=dict(context.TINY.ab, rounds=3,
-                                                    variants=("plain", "other")))
+  sizes = dataclasses.replace(context.TINY, ab=dict(
+      context.TINY.ab, rounds=3, check_steps=8, variants=("plain", "other")))
   args = check.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--cache-dir", ""])
   budget = report_lib.Budget(600)
   report = report_lib.Report(tmp_path / "out", {"command": "test", "budget_s": 600,
