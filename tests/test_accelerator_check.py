@@ -43,7 +43,7 @@ BLOCKED = ("grain", "tensorflow_datasets", "tensorflow", "torch", "sklearn")
 
 sys.path.insert(0, str(CHECK.parent))  # benchmarks/ is not a package.
 from accelerator_check import __main__ as check  # noqa: E402
-from accelerator_check import context, cudnn, cudnn_probes, environment, eta  # noqa: E402
+from accelerator_check import ab, context, cudnn, cudnn_probes, environment, eta  # noqa: E402
 from accelerator_check import headline, plan  # noqa: E402
 from accelerator_check import report as report_lib  # noqa: E402
 from accelerator_check import sweep  # noqa: E402
@@ -151,6 +151,8 @@ def _cudnn_content(stages):
   assert stage["facts"]["fused attention checked"] == (
       'the XLA path (implementation="jax"; no GPU here)')
   for row in stage["rows"]:
+    if row["case"] == "engine_chunk_form_all":
+      continue
     found = re.search(r"relative error (\S+) \(tolerance (\S+)\)", row["detail"])
     assert found, row
     error, tolerance = float(found[1]), float(found[2])
@@ -160,6 +162,29 @@ def _cudnn_content(stages):
   got, want = (np.array([float(x) for x in part.split(", ")]) for part in losses)
   assert got.shape == want.shape == (2,) and np.all(np.isfinite(got))
   np.testing.assert_allclose(got, want, rtol=5e-2)
+
+
+def _ab_content(stages):
+  """Every tiny variant ran: the plain step is the reference and reproduces itself exactly
+  on a CPU; each other variant's losses agree with it within its tolerance (bf16's not
+  exactly: it computes in bf16); the fastest named is the fastest row that agrees."""
+  stage = stages["ab"]
+  rows = {r["variant"]: r for r in stage["rows"]}
+  assert list(rows) == list(context.TINY.ab["variants"])
+  assert rows["plain"]["verdict"] == "reference" and rows["plain"]["× plain"] == "1.00"
+  assert stage["facts"]["plain against itself"].startswith("0 (")
+  for name, row in rows.items():
+    assert row["rate"] > 0 and row["member-steps/s"] == f"{row['rate']:.4g}", row
+    assert float(row["× plain"]) == pytest.approx(row["rate"] / rows["plain"]["rate"],
+                                                  abs=5e-3), row
+    if name != "plain":
+      found = re.match(r"(\S+) \(tolerance (\S+)\)", row["losses vs plain"])
+      error, limit = float(found[1]), float(found[2])
+      assert row["verdict"] == "same" and error <= limit == ab.tolerance(ab.VARIANTS[name])
+      assert (error > 0) == (name == "bf16"), row
+  best = max(rows.values(), key=lambda r: r["rate"])
+  assert stage["facts"]["fastest that computes the same"].startswith(
+      f"{best['variant']} ({best['member-steps/s']} member-steps/s")
 
 
 def _models_content(stages):
@@ -296,6 +321,7 @@ def test_tiny_run_reports_every_stage(tiny_run):
   _profile_content(stages, out)
   _sweep_content(stages, peaks)
   _cudnn_content(stages)
+  _ab_content(stages)
   _models_content(stages)
   _eta_content(stages)
 
@@ -320,8 +346,9 @@ def test_tiny_run_probes_pass_and_lists_refusals(tiny_run):
   report, *_ = tiny_run
   stage = report["stages"]["cudnn"]
   assert [r["case"] for r in stage["rows"]] == list(cudnn_probes.PROBES)
-  for row in stage["rows"]:
-    assert row["result"] == "ok", row
+  forms = set(cudnn_probes.FORM_PROBES) | {"engine_chunk_form_all"}
+  for row in stage["rows"]:  # No cuDNN on a CPU: the forms' cases say so.
+    assert row["result"] == ("not available" if row["case"] in forms else "ok"), row
   refused = [n for n in stage["notes"] if n.startswith("Refused before any compile")]
   assert any("float16 or all bfloat16" in n for n in refused)
   assert any("only on an NVIDIA GPU" in n for n in refused)
@@ -389,6 +416,43 @@ def test_a_crashing_probe_is_recorded_and_the_others_still_run(tmp_path, monkeyp
   assert results["odd_tokens_padded"]["result"] == "crashed"
   assert "killed by signal 9" in results["odd_tokens_padded"]["detail"]
   assert all(r["result"] == "ok" for c, r in results.items() if c != "odd_tokens_padded")
+
+
+def test_the_ab_never_names_a_variant_whose_losses_differ(tmp_path, monkeypatch):
+  """A variant that trains something else (a larger learning rate) on a smaller batch,
+  so it runs faster: it is timed but marked "differs", and the plain step is named."""
+  monkeypatch.setitem(ab.VARIANTS, "other", {"learning_rate": 3e-3, "batch_size": 16})
+  sizes = dataclasses.replace(context.TINY, ab=dict(
+      context.TINY.ab, rounds=3, check_steps=8, variants=("plain", "other")))
+  args = check.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--cache-dir", ""])
+  budget = report_lib.Budget(600)
+  report = report_lib.Report(tmp_path / "out", {"command": "test", "budget_s": 600,
+                                                "tiny": True, "started": "now"}, budget)
+  ctx = context.Context(sizes, budget, report, args, "jax", boolean=gotu_experiment)
+  stage = report.stage("ab", "A/B")
+  ab.stage_ab(ctx, stage)
+  plain, other = stage["rows"]
+  assert other["verdict"] == "differs" and other["rate"] > plain["rate"], other
+  assert float(other["losses vs plain"].split()[0]) > 10 * ab.FLOAT32_TOLERANCE
+  assert stage["facts"]["fastest that computes the same"].startswith("plain (")
+
+
+def test_the_form_probes_say_not_available_without_cudnn(tmp_path):
+  """On a CPU the form cases run their form on the XLA path, where it matches the
+  reference, then try cuDNN: "not available" per case, with jax's reason, and the probe
+  process goes on to the next case."""
+  path = tmp_path / "probes.jsonl"
+  cases = ["form_all", "engine_chunk_form_all"]
+  cudnn_probes.run_probes(path, cases, context.TINY)
+  done, started = cudnn.read_probes(path)
+  assert list(done) == cases and started is None
+  assert all(done[c]["status"] == "not available" for c in cases), done
+  detail = done["form_all"]["detail"]
+  assert detail.startswith("RuntimeError: cuDNN is not detected"), detail
+  found = re.search(r"on the XLA path \(ok\): relative error (\S+) \(tolerance (\S+)\)",
+                    detail)
+  assert found and 0 < float(found[1]) <= float(found[2]), detail
+  assert "needs an NVIDIA GPU" in done["engine_chunk_form_all"]["detail"]
 
 
 def test_most_members_from_two_program_sizes(monkeypatch):
@@ -488,6 +552,97 @@ def test_cudnn_path_pads_before_jax_checks_the_token_count(monkeypatch):
             if "dot_product_attention" in e.primitive.name for v in e.invars[:4]]
   assert shapes and {s[1] for s in shapes[::4]} == {n + 1}  # q's tokens: 198.
   assert {s[-2:] for s in shapes[3::4]} == {(n + 1, n + 1)}  # The bias: 198 × 198.
+
+
+# --------------------------------------------------------------------------- cuDNN forms
+
+
+def test_every_cudnn_form_computes_the_reference_attention():
+  """Each form on the XLA backend, under the engine's jit(vmap(value_and_grad)) over 2
+  members with a prior each, a causal and a padding mask (a row with no visible key
+  included): the value and the gradients of the prior, q, k and v are the reference
+  attention's (float32, 7 tokens padded to 8)."""
+  n, k_members = 7, 2
+  keys = jax.random.split(jax.random.key(3), 5)
+  q, k, v = (jax.random.normal(key, (k_members, 2, n, 2, 8)) for key in keys[:3])
+  m_KHNN = 3 * jax.random.normal(keys[3], (k_members, 2, n, n))
+  w = jax.random.normal(keys[4], (k_members, 2, n, 2, 8))
+  pad_BN = jnp.ones((2, n), bool).at[0, -2:].set(False).at[1].set(False)
+
+  def run(form):
+    def loss(m, q, k, v, w):
+      out = (attention_lib.masked_attention(q, k, v, m, causal=True, padding_mask=pad_BN)
+             if form is None else attention_lib._masked_attention_fused(
+                 q, k, v, m, None, None, True, pad_BN, None, "xla", pad_odd=True,
+                 form=attention_lib.CUDNN_FORMS[form]))
+      return jnp.sum(out * w)
+    return jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))))(
+        m_KHNN, q, k, v, w)
+
+  want = run(None)
+  for form in attention_lib.CUDNN_FORMS:
+    chex.assert_trees_all_close(run(form), want, atol=2e-5, rtol=2e-5, custom_message=form)
+
+
+def test_the_cudnn_forms_hand_over_what_they_name():
+  """The operands each form gives jax: the plain form a float32 bias and the boolean
+  mask; "all" a bf16 bias with every hard mask folded in as a finite negative (no mask,
+  no −inf) and full-length sequence lengths; "broadcast_bias" a [1, H, N, N] bias."""
+  n = 7
+  q = jax.random.normal(jax.random.key(0), (3, n, 2, 8), jnp.bfloat16)
+  m_HNN = -300.0 * jnp.ones((2, n, n))  # log σ(−300) = −300: below the finite floor.
+  operands = lambda form: attention_lib._fused_operands(
+      q, q, q, m_HNN, None, None, True, None, None, True, attention_lib.CUDNN_FORMS[form])
+  _, _, _, bias, mask, lengths, visible = operands("plain")
+  assert bias.dtype == jnp.float32 and bias.shape == (3, 2, n + 1, n + 1)
+  assert mask is not None and lengths == {} and visible.shape == (3, 2, n)
+  q2, k2, _, bias, mask, lengths, _ = operands("all")
+  assert bias.dtype == jnp.bfloat16 and bias.shape == (3, 2, n + 1, n + 1) and mask is None
+  bias = np.asarray(bias, np.float32)
+  assert np.all(np.isfinite(bias)) and bias.min() >= 1.01 * attention_lib.FINITE_NEGATIVE
+  assert np.all(bias[:, :, 0, 1:] <= 0.99 * attention_lib.FINITE_NEGATIVE)  # Causal.
+  assert np.all(bias[:, :, :, -1] <= 0.99 * attention_lib.FINITE_NEGATIVE)  # The padding.
+  np.testing.assert_array_equal(lengths["query_seq_lengths"], [n + 1] * 3)
+  np.testing.assert_array_equal(lengths["key_value_seq_lengths"], [n + 1] * 3)
+  assert lengths["query_seq_lengths"].dtype == jnp.int32
+  bias = operands("broadcast_bias")[3]
+  assert bias.shape == (1, 2, n + 1, n + 1)
+
+
+def test_a_cudnn_form_reaches_the_kernel_under_the_engines_vmap(monkeypatch):
+  """At trace time, without a GPU (jax's checks stood in for): under vmap(value_and_grad)
+  over 2 members the "all" form gives cuDNN's primitive a bf16 bias [K·B, H, N, N] and
+  full-length sequence lengths [K·B] (jax 0.10's batching rule reshapes every operand to
+  K·B, so lengths without the member axis would fail); "broadcast_bias" fails there."""
+  from jax._src.cudnn import fused_attention_stablehlo as fused
+  for name in ("check_cudnn_version", "check_compute_capability",
+               "is_cuda_compute_capability_equal"):
+    if not hasattr(fused, name):
+      pytest.skip(f"jax's cuDNN attention has no {name} to stand in for a GPU")
+  monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91000)
+  monkeypatch.setattr(fused, "check_compute_capability", lambda capability: True)
+  monkeypatch.setattr(fused, "is_cuda_compute_capability_equal", lambda capability: False)
+  q_KBNHD = jnp.ones((2, 4, 16, 3, 64), jnp.bfloat16)
+  m_KHNN = jnp.zeros((2, 3, 16, 16))
+  w_KBNHD = jnp.ones((2, 4, 16, 3, 64))  # Per member, as the engine's output projection.
+
+  def step(form):
+    def loss(m_HNN, q, w):
+      return jnp.sum(w * attention_lib._masked_attention_fused(
+          q, q, q, m_HNN, None, None, False, None, None, "cudnn",
+          form=attention_lib.CUDNN_FORMS[form]))
+    return jax.make_jaxpr(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1))))(
+        m_KHNN, q_KBNHD, w_KBNHD)
+
+  operands = [[(tuple(v.aval.shape), str(v.aval.dtype)) for v in e.invars[:6]]
+              for e in _equations(step("all").jaxpr)
+              if "dot_product_attention" in e.primitive.name]
+  assert operands
+  for q, _, _, bias, q_lengths, kv_lengths in operands:
+    assert q == ((8, 16, 3, 64), "bfloat16") and bias == ((8, 3, 16, 16), "bfloat16")
+    assert q_lengths == kv_lengths == ((8,), "int32")
+  with pytest.raises(TypeError, match="reshape"):
+    step("broadcast_bias")
 
 
 def _equations(jaxpr):

@@ -500,6 +500,20 @@ def test_shared_config_fields_are_checked_for_every_experiment(name):
     config_lib.make_config(experiment, "tiny", ["schemes=mask,qk"])
   with pytest.raises(ValueError, match="width=0 must be >= 1"):
     config_lib.make_config(experiment, "tiny", ["width=0"])
+  with pytest.raises(ValueError, match=r"step_variant='unroll3'; choose from \('auto', 'plain'"):
+    config_lib.make_config(experiment, "tiny", ["step_variant=unroll3"])
+
+
+@pytest.mark.parametrize("name", ["boolean_gotu", "arithmetic", "vision", "language"])
+def test_the_step_variant_reaches_every_familys_groups(name):
+  """`step_variant` names how the engine compiles a group's chunk; "auto" is "plain" off a
+  GPU."""
+  experiment = config_lib.load_experiment(name)
+  for variant, options in (("unroll2", engine.STEP_VARIANTS["unroll2"]),
+                           ("auto", engine.ChunkOptions())):
+    _, config = config_lib.make_config(experiment, "tiny", [f"step_variant={variant}"])
+    groups = experiment.build_groups(config)
+    assert groups and all(g.chunk_options == options for g in groups), variant
 
 
 def test_a_folder_written_before_fingerprints_still_resumes():
@@ -513,3 +527,14 @@ def test_a_folder_written_before_fingerprints_still_resumes():
   assert run._config_differences(changed, saved) == ["fingerprint.2parity"]
   assert run._config_differences(before_fingerprints | {"config": {"steps": 9}}, saved) == [
       "steps"]
+
+
+def test_a_folder_written_before_a_config_key_existed_resumes_at_its_default():
+  """A run recorded before `step_variant` existed trained as "auto" does: it resumes with
+  that value, and is refused with any other; a config without the key compares as it was."""
+  before = {"experiment": "boolean_gotu", "preset": "tiny", "config": {"steps": 8}}
+  now = lambda variant: before | {"config": {"steps": 8, "step_variant": variant}}
+  assert run._config_differences(before, now("auto")) == []
+  assert run._config_differences(before, now("unroll2")) == ["step_variant"]
+  assert run._config_differences(now("unroll2"), now("auto")) == ["step_variant"]
+  assert run._config_differences(before, before) == []

@@ -50,7 +50,7 @@ sys.path[:] = [str(PACKAGE.parent), str(PACKAGE.parents[1])] + [
     p for p in sys.path if pathlib.Path(p).resolve() != PACKAGE]
 
 import accelerator_check  # noqa: E402 (first: it starts the clock, sets jax's environment)
-from accelerator_check import context, cudnn, cudnn_probes, environment, eta  # noqa: E402
+from accelerator_check import ab, context, cudnn, cudnn_probes, environment, eta  # noqa: E402
 from accelerator_check import headline, models, plan, profiling, report, sweep  # noqa: E402
 import jax  # noqa: E402
 
@@ -62,6 +62,7 @@ STAGE_FUNCTIONS = {  # In the order they run: the most valuable first.
     "cyclic3": ("The paper's Cyclic3 row, trained to the end",
                 functools.partial(headline.stage_headline, task="cyclic3")),
     "profile": ("Profile: where a paper-scale step's time goes", profiling.stage_profile),
+    "ab": ("A/B of step variants", ab.stage_ab),
     "sweep": ("Sweep throughput: the Boolean model", sweep.stage_sweep),
     "cudnn": ("cuDNN attention under the engine's jit(vmap)", cudnn.stage_cudnn),
     "models": ("ViT-Tiny and the language model", models.stage_models),

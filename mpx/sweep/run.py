@@ -341,6 +341,9 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: e
 # data, e.g. each Boolean task's cube) is compared where the earlier run recorded one.
 INFORMATIONAL = "run"
 FINGERPRINT = "fingerprint"
+# Config keys added after runs were recorded, at the value those runs trained with: a
+# record without one (config.json, a checkpoint's) resumes a run that keeps that value.
+ADDED_KEYS = {"step_variant": "auto"}
 
 
 def _config_differences(previous: dict, saved: dict) -> list[str]:
@@ -352,6 +355,7 @@ def _config_differences(previous: dict, saved: dict) -> list[str]:
   keys = [k for k in ("experiment", "preset", "sweep", "traced")
           if previous.get(k) != saved.get(k)]
   old, new = previous.get("config", {}), saved.get("config", {})
+  old = {k: v for k, v in ADDED_KEYS.items() if k in new} | old
   keys += sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
   if FINGERPRINT in previous:  # Folders written before fingerprints still resume.
     old, new = previous[FINGERPRINT], saved.get(FINGERPRINT, {})
