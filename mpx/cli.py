@@ -386,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.print_help()
     return 0
   if args.command == "run":
-    from mpx.sweep import distributed
+    from mpx.sweep import cpu_flags, distributed
+    cpu_flags.apply()  # XLA reads its flags when jax starts its backend: before that.
     if distributed.requested(args.distributed):
       distributed.initialize()  # Before any other JAX call.
   try:
