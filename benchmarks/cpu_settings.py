@@ -1,6 +1,6 @@
 """Candidate XLA:CPU settings against today's defaults and PyTorch, interleaved in one run.
 
-    python benchmarks/cpu_settings.py                     # every candidate; quick and paper, K = 1, 16
+    python benchmarks/cpu_settings.py                     # all candidates, both scales, K = 1, 16
     python benchmarks/cpu_settings.py --cpus 0,1 --rounds 3 --candidates default ynn-reduce
     python benchmarks/cpu_settings.py --add "mine=--xla_cpu_a=1 --xla_cpu_b=2"
     python benchmarks/cpu_settings.py --tiny              # smoke run: quick K = 1, 2 steps
@@ -14,9 +14,10 @@ sets). A round runs every case, and in each case every candidate and PyTorch
 round, so drift of the machine's load hits them alike.
 
 Per candidate and case: member-steps/s (median of the rounds), the ratio to the default
-paired round by round (median, and the range), the ratio to PyTorch, whether XLA compiled
-another program than the default's (flags this jaxlib ignores leave it as it was: it is
-compiled once per case and not run), and whether the numbers change: the training loss
+paired round by round (median, and the range), the ratio to PyTorch, whether XLA's
+optimized HLO is the default's (HLO-pass flags that this jaxlib ignores leave it as it
+was: such a candidate is compiled once per case and not run), and whether the numbers
+change: the training loss
 (each chunk's mean, per member) over at least `--loss-steps` steps against the default's,
 bit for bit or the largest relative difference. A setting that changes them is flagged,
 never taken silently. The default's own row compares its second round with its first.
@@ -46,29 +47,38 @@ YNN = "--xla_cpu_experimental_ynn_fusion_type="
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """XLA flags and a core count (None: every core of `--cpus`), and why it is a candidate."""
+  """XLA flags and a core count (None: every core of `--cpus`), and why it is a candidate.
+
+  `hlo`: the flags act on XLA's HLO passes (library fusions, rewrites), so an optimized
+  program that is the default's means they changed nothing here and the candidate is not
+  timed. Flags that act on code generation or the runtime (vector width, Eigen's threads,
+  fast math) leave the HLO as it is and are always timed.
+  """
   name: str
   flags: tuple[str, ...] = ()
   cores: int | None = None
   why: str = ""
+  hlo: bool = False
 
 
 CANDIDATES = (
     Candidate("default", (), None, "jax's defaults (and the caller's XLA_FLAGS)"),
     Candidate("ynn-reduce", (YNN + "-reduce",), None,
-              "reductions back to XLA's loops: YNNPACK's reduce fusion ran 2x slow on jax 0.10"),
+              "reductions back to XLA's loops: YNNPACK's reduce fusion ran 2x slow on jax 0.10",
+              hlo=True),
     Candidate("ynn-eigen-dots", (YNN + "-individual_dot",), None,
-              "dots to Eigen, reductions in YNNPACK"),
-    Candidate("ynn-off", (YNN,), None, "no YNNPACK: Eigen dots, XLA's loops"),
+              "dots to Eigen, reductions in YNNPACK", hlo=True),
+    Candidate("ynn-off", (YNN,), None, "no YNNPACK: Eigen dots, XLA's loops", hlo=True),
     Candidate("ynn-fused", (YNN + "dot,eltwise,reduce",), None,
-              "YNNPACK fuses dots with their consumers and elementwise ops"),
-    Candidate("onednn", ("--xla_cpu_use_onednn=true",), None, "dots to oneDNN"),
+              "YNNPACK fuses dots with their consumers and elementwise ops", hlo=True),
+    Candidate("onednn", ("--xla_cpu_use_onednn=true",), None, "dots to oneDNN", hlo=True),
     Candidate("onednn-custom-call", ("--xla_cpu_experimental_onednn_custom_call=true",), None,
-              "oneDNN custom calls"),
-    Candidate("onednn-fusions", (YNN, "--xla_cpu_experimental_onednn_fusion_type=dot,eltwise,reduce"),
-              None, "oneDNN fusions instead of YNNPACK"),
+              "oneDNN custom calls", hlo=True),
+    Candidate("onednn-fusions",
+              (YNN, "--xla_cpu_experimental_onednn_fusion_type=dot,eltwise,reduce"), None,
+              "oneDNN fusions instead of YNNPACK's", hlo=True),
     Candidate("xnn-fusions", (YNN, "--xla_cpu_experimental_xnn_fusion_type=dot,eltwise,reduce"),
-              None, "XNNPACK fusions instead of YNNPACK"),
+              None, "XNNPACK fusions instead of YNNPACK's", hlo=True),
     Candidate("eigen-single-thread", ("--xla_cpu_multi_thread_eigen=false",), None,
               "Eigen's matmuls on one thread (XLA still runs ops in parallel)"),
     Candidate("vector-512", ("--xla_cpu_prefer_vector_width=512",), None,
@@ -115,19 +125,13 @@ def measure_mpx(scale: str, members: int, steps: int, repeats: int, loss_steps: 
           "losses": [np.asarray(o["train_loss"], np.float32).tolist() for o in outs]}
 
 
-def measure_torch(scale: str, steps: int) -> dict:
-  import torch_reference
-  return {"rate": torch_reference.member_steps_per_second(run.torch_scale(scale), steps, 1)}
-
-
 def worker(spec: dict) -> dict:
+  """One measurement, in the process `spawn` started: mpx's chunk or PyTorch's steps."""
   if spec["kind"] == "torch":
-    out = measure_torch(spec["scale"], spec["steps"])
-  else:
-    out = measure_mpx(spec["scale"], spec["members"], spec["steps"], spec["repeats"],
-                      spec["loss_steps"], spec["loss_members"], spec.get("default_program"))
-  return out | {"cores": len(os.sched_getaffinity(0)),
-                "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    return {"rate": run.torch_reference.member_steps_per_second(
+        run.torch_scale(spec["scale"]), spec["steps"], 1)}
+  return measure_mpx(spec["scale"], spec["members"], spec["steps"], spec["repeats"],
+                     spec["loss_steps"], spec["loss_members"], spec.get("default_program"))
 
 
 # --------------------------------------------------------------------------- parent
@@ -174,8 +178,8 @@ class Plan:
 def run_ab(plan: Plan, log=print, spawn=spawn) -> dict:
   """{(case, candidate name or "PyTorch@N"): [each round's result]}: every case, in each
   every candidate (the default first, the others' order rotated each round) and PyTorch
-  on each core count the candidates use. A candidate on every core whose flags leave the
-  default's program as it was is compiled once per case and not run."""
+  on each core count the candidates use. A candidate of HLO flags that leave the default's
+  program as it was is compiled once per case and not run."""
   if plan.candidates[0].name != "default":
     raise ValueError("the first candidate must be 'default', the one the others are "
                      "compared with; e.g. --candidates default ynn-reduce")
@@ -188,14 +192,14 @@ def run_ab(plan: Plan, log=print, spawn=spawn) -> dict:
       scale, members = case.split(":")
       for candidate in (plan.candidates[0], *others[shift:], *others[:shift]):
         runs = results.setdefault((case, candidate.name), [])
-        if runs and runs[0].get("inert"):
-          continue
+        if runs and (runs[0].get("inert") or "error" in runs[0] or "skipped" in runs[0]):
+          continue  # The default's program, failed or too large: so it would be again.
         default = results[(case, "default")][0] if candidate.name != "default" else {}
         spec = {"kind": "mpx", "scale": scale, "members": int(members),
                 "steps": plan.steps[scale], "repeats": plan.repeats,
                 "loss_steps": plan.loss_steps if r == 0 else 0,
                 "loss_members": plan.loss_members,
-                "default_program": default.get("program") if candidate.cores is None else None}
+                "default_program": default.get("program") if candidate.hlo else None}
         runs.append(spawn(spec, plan.base_flags, candidate.flags, plan.cores(candidate)))
         log(f"round {r + 1} {case} {candidate.name}: {_short(runs[-1])}")
       for n in core_sets:
@@ -281,7 +285,8 @@ def lines(plan: Plan, results: dict) -> list[Line]:
           a["rate"] / b["rate"] for a, b in zip(runs, default) if "rate" in a and "rate" in b]
       program = ("–" if "program" not in first else "default's" if candidate.name == "default"
                  else "same (flags inert here)" if inert
-                 else "same" if first["program"] == default[0].get("program") else "other")
+                 else "same HLO" if first["program"] == default[0].get("program")
+                 else "other HLO")
       reference = default[1] if candidate.name == "default" and len(default) > 1 else default[0]
       numbers = ("bit for bit (same program)" if inert
                  else "–" if "losses" not in first or "losses" not in reference
@@ -298,7 +303,7 @@ def lines(plan: Plan, results: dict) -> list[Line]:
 
 def table(plan: Plan, results: dict) -> list[str]:
   rows = ["| case | candidate | cores | member-steps/s (median; rounds) | / default (paired) "
-          "| / PyTorch | program | training loss vs default | |", "|---" * 9 + "|"]
+          "| / PyTorch | HLO | training loss vs default | |", "|---" * 9 + "|"]
   for line in lines(plan, results):
     if line.note or not line.rates:
       rows.append(f"| {line.case} | {line.name} | {line.cores} | {line.note or '–'} | | | "
@@ -373,7 +378,7 @@ def parse_args(argv):
   parser.add_argument("--cases", nargs="+", default=list(CASES), metavar="SCALE:K")
   parser.add_argument("--cpus", default=None,
                       help="cores to pin to, e.g. 0,1 (default: this process's affinity)")
-  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--rounds", type=int, default=None, help="default 3 (--tiny: 1)")
   parser.add_argument("--repeats", type=int, default=2, help="timed chunks per measurement")
   parser.add_argument("--loss-steps", type=int, default=32)
   parser.add_argument("--tiny", action="store_true",
@@ -395,17 +400,18 @@ def make_plan(args, added: tuple[str, ...]) -> Plan:
     name, _, flags = spec.partition("=")
     if not name or not flags.startswith("--") or name in known:
       raise SystemExit(f"--add {spec!r}: write NEWNAME='--xla_flag=value --xla_other=value'")
-    extra.append(Candidate(name, tuple(flags.split()), None, "--add"))
+    extra.append(Candidate(name, tuple(flags.split()), None, "--add (always timed)"))
   mpx_defaults = cpu_flags.defaults_for(cpu_flags.detect(), cpu_flags.jaxlib_version())
   if mpx_defaults:  # The table's choice for this CPU, measured again.
     extra.append(Candidate("mpx-defaults", mpx_defaults, None, "mpx's per-CPU defaults"))
   cpus = (sorted(os.sched_getaffinity(0)) if args.cpus is None
           else [int(c) for c in args.cpus.split(",")])
   plan = Plan(tuple(known[n] for n in names) + tuple(extra), tuple(args.cases),
-              cpus, base_xla_flags(added), args.rounds, args.repeats,
+              cpus, base_xla_flags(added), args.rounds or (1 if args.tiny else 3),
+              args.repeats,
               loss_steps=args.loss_steps)
   if args.tiny:
-    plan.cases, plan.rounds, plan.repeats, plan.loss_steps = ("quick:1",), 1, 1, 4
+    plan.cases, plan.repeats, plan.loss_steps = ("quick:1",), 1, 4
     plan.steps, plan.torch_steps = {"quick": 2, "paper": 1}, {"quick": 2, "paper": 1}
   return plan
 

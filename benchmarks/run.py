@@ -3,7 +3,8 @@
     python benchmarks/run.py                    # both scales, K = 1, 4, 16 (see README for time)
     python benchmarks/run.py --scales quick --members 1 4 16 --steps 32
     python benchmarks/run.py --quick-check      # smoke run: seconds per row, no targets claimed
-    python benchmarks/run.py --write            # also write them to RESULTS (the docs quote it)
+    python benchmarks/run.py --write            # also write RESULTS and docs/performance.md
+    python benchmarks/run.py --settings --settings-args "--cpus 0,1" --write  # + the A/B
 
 Rows: mpx's vmapped group (`engine.make_train_chunk`, K members in one program), a loop
 of single-member jitted steps (quick scale: what a user without the member axis runs),
@@ -11,7 +12,10 @@ and `torch_reference.py` (members one after another). The model and data are the
 Boolean GOTU experiment's (2Parity, mask scheme, epoch protocol, batch 256). Rates
 exclude compilation, which is printed separately. Achieved FLOP/s = XLA's cost analysis
 of the compiled program / measured time, against a float32 matmul peak measured by jax
-in the same process, so the ratios hold on whatever machine runs this.
+in the same process, so the ratios hold on whatever machine runs this. `--settings` adds
+`cpu_settings.py`'s interleaved A/B of XLA:CPU settings (each in its own process) to the
+report. mpx's per-CPU XLA flags (`mpx.sweep.cpu_flags`) are applied on import, as `mpx
+run` applies them; the report names them.
 """
 
 from __future__ import annotations
@@ -350,13 +354,17 @@ def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool,
   return "\n".join(lines)
 
 
-def performance_block(rows, peaks, torch_peaks, when: str, at: str, command: str,
-                      settings: list[str] | None) -> str:
-  """What docs/performance.md states of a run: rates, ratios and each target met or
-  missed, and the settings A/B's verdicts (`settings`: its summary lines)."""
+def machine_name() -> str:
+  return f"{cpu_model()}, {len(os.sched_getaffinity(0))} core(s)"
+
+
+def performance_block(rows, peaks, torch_peaks, machine: str, when: str, at: str,
+                      command: str, settings: list[str] | None) -> str:
+  """What docs/performance.md states of a run on `machine` (`machine_name()`): rates,
+  ratios, each target met or missed, and the settings A/B's verdicts (`settings`: its
+  summary lines)."""
   peak = max(peaks.values())
-  cores = len(os.sched_getaffinity(0))
-  lines = [f"Measured on {cpu_model()}, {cores} core(s), {when[:10]}, commit {at}, by "
+  lines = [f"Measured on {machine}, {when[:10]}, commit {at}, by "
            f"`{command}` ([experiments/results/benchmark_cpu.md]"
            "(../experiments/results/benchmark_cpu.md), the whole report):", "",
            "| scale | K | mpx member-steps/s | PyTorch | mpx / PyTorch | of jax's matmul peak |",
@@ -366,9 +374,9 @@ def performance_block(rows, peaks, torch_peaks, when: str, at: str, command: str
     if not r.impl.startswith("mpx vmapped") or not torch_rows:
       continue
     theirs, achieved = torch_rows[0].rate, r.achieved()
-    rate = r.note if np.isnan(r.rate) else f"{r.rate:.3f}"
-    lines.append(f"| {r.scale} | {r.members} | {rate} | {theirs:.3f} | "
-                 f"{chunk_timing.fmt(None if np.isnan(r.rate) else r.rate / theirs, '.2f')}× | "
+    rate, ratio = ((r.note, "–") if np.isnan(r.rate)
+                   else (f"{r.rate:.3f}", f"{r.rate / theirs:.2f}×"))
+    lines.append(f"| {r.scale} | {r.members} | {rate} | {theirs:.3f} | {ratio} | "
                  f"{chunk_timing.fmt(None if achieved is None else achieved / peak, '.0%')} |")
   torch_share = ", ".join(
       f"{r.scale} {r.achieved() / peak:.0%}" for r in rows
@@ -485,8 +493,8 @@ def main(argv=None):
                 settings)
   print("\n" + text)
   if args.write:
-    write_results(text, performance_block(rows, peaks, torch_peaks, when, at,
-                                          command.strip(), settings_lines))
+    write_results(text, performance_block(rows, peaks, torch_peaks, machine_name(), when,
+                                          at, command.strip(), settings_lines))
     print(f"\nwrote {RESULTS.relative_to(ROOT)} and {PAGE.relative_to(ROOT)}")
 
 

@@ -1,0 +1,170 @@
+"""benchmarks/cpu_settings.py (the interleaved A/B of XLA:CPU settings) and what
+`benchmarks/run.py --write` makes of a run: the results file and docs/performance.md."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/ is not a package.
+
+import cpu_settings  # noqa: E402
+import run  # noqa: E402
+
+C = cpu_settings.Candidate
+CANDIDATES = (C("default"), C("fast", ("--fast",)), C("moves", ("--moves",)),
+              C("inert", ("--inert",), hlo=True), C("bogus", ("--bogus",)), C("one", (), 1),
+              C("noisy", ("--noisy",)))
+LOSSES = [[1.0], [0.5]]
+
+
+def fake_spawn(calls):
+  """What the workers would report: the default at 10 member-steps/s with LOSSES, the
+  others relative to it; --inert compiles the default's program."""
+  def spawn(spec, base, flags, cpus):
+    calls.append((spec["kind"], flags, len(cpus), spec.get("default_program"),
+                  spec.get("loss_steps")))
+    if spec["kind"] == "torch":
+      return {"rate": 8.0 if len(cpus) == 2 else 5.0}
+    if flags == ("--bogus",):
+      return {"error": "exit 1: Unknown flag in XLA_FLAGS: --bogus"}
+    if flags == ("--inert",) and spec["default_program"] == "p0":
+      return {"program": "p0", "inert": True}
+    noisy = sum(1 for c in calls if c[1] == ("--noisy",))
+    rate = {(): 10.0, ("--fast",): 12.0, ("--moves",): 9.0,
+            ("--noisy",): 11.0 if noisy == 1 else 9.0}[flags]
+    losses = [[1.0], [0.5000001]] if flags == ("--moves",) else LOSSES
+    return {"rate": rate * (0.5 if len(cpus) == 1 else 1.0), "program": "p0" if not flags
+            else "p1", "steps": 2, "losses": losses}
+  return spawn
+
+
+@pytest.fixture
+def ab():
+  plan = cpu_settings.Plan(CANDIDATES, ("quick:1",), [0, 1], "--xla_user=1", rounds=2)
+  calls = []
+  results = cpu_settings.run_ab(plan, lambda line: None, fake_spawn(calls))
+  return plan, results, calls
+
+
+def test_rounds_interleave_the_candidates_and_skip_an_inert_one(ab):
+  _, _, calls = ab
+  names = {c.flags: c.name for c in CANDIDATES if c.cores is None}
+  name = lambda flags, n: "one" if n == 1 else names[flags]
+  order = [("torch", n) if kind == "torch" else name(flags, n) for kind, flags, n, _, _ in calls]
+  assert order == [
+      "default", "fast", "moves", "inert", "bogus", "one", "noisy", ("torch", 1), ("torch", 2),
+      "default", "moves", "one", "noisy", "fast", ("torch", 1), ("torch", 2)]
+  # The default's program goes to the candidates of HLO flags (one that compiles it is not
+  # run), not to the others; the loss runs long only in round 1.
+  assert {(name(f, n), p) for k, f, n, p, _ in calls if k == "mpx"} == {
+      ("default", None), ("fast", None), ("moves", None), ("inert", "p0"), ("bogus", None),
+      ("one", None), ("noisy", None)}
+  assert [s for k, _, _, _, s in calls if k == "mpx"] == [32] * 7 + [0] * 5
+
+
+def test_the_report_says_faster_slower_inert_failed_and_which_moves_the_numbers(ab):
+  plan, results, _ = ab
+  assert cpu_settings.summary(plan, results) == [
+      "- fast (--fast): quick:1 faster; numbers bit for bit",
+      "- moves (--moves): quick:1 slower; **changes the numbers** (quick:1): only after the "
+      "preset guard",
+      "- inert: inert on this jaxlib (XLA compiled the default's program in every case)",
+      "- bogus (--bogus): quick:1 exit 1: Unknown flag in XLA_FLAGS: --bogus; numbers not "
+      "compared",
+      "- one (no flags, 1 core(s)): quick:1 slower; numbers bit for bit",
+      "- noisy (--noisy): quick:1 within noise; numbers bit for bit"]
+  table = "\n".join(cpu_settings.table(plan, results))
+  assert "| quick:1 | fast | 2 | 12.000; 12.000, 12.000 | 1.200 (1.200–1.200) | 1.50x | " \
+         "other HLO | bit for bit (4 steps) | faster |" in table
+  assert "| quick:1 | one | 1 | 5.000; 5.000, 5.000 | 0.500 (0.500–0.500) | 1.00x |" in table
+  assert "| quick:1 | default | 2 | 10.000; 10.000, 10.000 |  | 1.25x | default's | round 2 " \
+         "against round 1: bit for bit (4 steps) |" in table
+  assert "**changes**: max rel 2.4e-07 (4 steps)" in table
+
+
+def test_loss_change_counts_nans_and_compares_the_chunks_both_made():
+  a = [[1.0, np.nan], [0.5, np.nan]]
+  assert cpu_settings.loss_change(a, a + [[0.1, 0.1]], 8) == "bit for bit (16 steps)"
+  assert cpu_settings.loss_change(a, [[1.0, 2.0]], 8) == "**changes**: max rel inf (8 steps)"
+  assert cpu_settings.loss_change([[2.0]], [[2.5]], 1) == "**changes**: max rel 2.5e-01 (1 step)"
+
+
+def test_a_plan_measures_the_default_first_and_refuses_an_unknown_name():
+  args = cpu_settings.parse_args(["--candidates", "ynn-reduce", "--cpus", "0",
+                                  "--add", "mine=--xla_a=1 --xla_b=2"])
+  plan = cpu_settings.make_plan(args, ())
+  assert [c.name for c in plan.candidates] == ["default", "ynn-reduce", "mine"]
+  assert plan.candidates[2].flags == ("--xla_a=1", "--xla_b=2") and plan.cpus == [0]
+  with pytest.raises(SystemExit, match="unknown candidate"):
+    cpu_settings.make_plan(cpu_settings.parse_args(["--candidates", "nope"]), ())
+
+
+def test_the_base_flags_are_the_callers_without_mpx_defaults(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_user=1 --xla_mpx=1")
+  assert cpu_settings.base_xla_flags(("--xla_mpx=1",)) == "--xla_user=1"
+
+
+def _rows():
+  R = run.Row
+  return [R("quick", "mpx vmapped", 1, 81.008, 2.7, 0.399),
+          R("quick", "mpx vmapped", 16, 87.432, 2.6, 0.399),
+          R("quick", "mpx loop of jitted steps", 16, 79.737, 2.0, 0.395),
+          R("quick", "PyTorch reference, 2 seeds in turn", 1, 112.292, None, 0.399),
+          R("paper", "mpx vmapped", 1, 0.979, 6.8, 160.0),
+          R("paper", "mpx vmapped", 16, float("nan"), 6.5, 160.0, "skipped: needs 17 GiB"),
+          R("paper", "PyTorch reference, 2 seeds in turn", 1, 0.8, None, 160.0)]
+
+
+def test_write_refreshes_the_results_file_and_the_performance_page(tmp_path):
+  block = run.performance_block(_rows(), {1024: 287.5}, {1024: 352.5}, "a CPU, 2 core(s)",
+                                "2026-12-04T23:00", "abc1234", "python benchmarks/run.py --write",
+                                ["- fast (--fast): quick:1 faster; numbers bit for bit"])
+  for line in ["Measured on a CPU, 2 core(s), 2026-12-04, commit abc1234, by `python "
+               "benchmarks/run.py --write` ([experiments/results/benchmark_cpu.md]",
+               "| quick | 1 | 81.008 | 112.292 | 0.72× | 11% |",
+               "| paper | 16 | skipped: needs 17 GiB | 0.800 | – | – |",
+               "- quick: mpx (K = 1) / PyTorch, member-steps/s ≥ 1.00×: 0.72×, **missed**",
+               "- quick: mpx (best K = 16) / PyTorch, member-steps/s ≥ 1.20×: 0.78×, "
+               "**missed**",
+               "- paper: mpx (K = 1) / PyTorch, member-steps/s ≥ 1.00×: 1.22×, met",
+               "- paper: mpx (best K = 1) / PyTorch, member-steps/s ≥ 1.20×: 1.22×, met",
+               "- quick: vmapped / loop at K = 16, per member ≥ 4.00×: 1.10×, **missed**",
+               "- fast (--fast): quick:1 faster; numbers bit for bit"]:
+    assert line in block, line
+  page, results = tmp_path / "performance.md", tmp_path / "benchmark_cpu.md"
+  page.write_text(f"# Performance\n\nintro\n{run.BEGIN}\nold numbers\n{run.END}\n\nafter\n")
+  run.write_results("the report", block, results, page)
+  assert page.read_text() == f"# Performance\n\nintro\n{run.BEGIN}\n{block}\n{run.END}\n\nafter\n"
+  assert results.read_text().endswith("\n\nthe report\n")
+  page.write_text("no markers")
+  results.unlink()
+  with pytest.raises(ValueError, match="put them back"):
+    run.write_results("the report", block, results, page)
+  assert not results.exists()  # Neither file changes.
+
+
+def test_the_performance_page_holds_the_write_markers():
+  page = (ROOT / "docs" / "performance.md").read_text()
+  assert run.replace_block(page, "x").count(run.BEGIN) == 1
+
+
+@pytest.mark.slow
+def test_the_tiny_ab_runs_end_to_end():
+  """Workers in their own processes: the default, a flag XLA does not know (reported,
+  the run goes on), and PyTorch; the default's loss is compared with its own round 2."""
+  done = subprocess.run(
+      [sys.executable, "benchmarks/cpu_settings.py", "--tiny", "--rounds", "2",
+       "--candidates", "default", "--add", "bogus=--xla_cpu_no_such_flag=1"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = done.stdout
+  assert "| quick:1 | PyTorch | 2 | " in out, out
+  assert "| default's | round 2 against round 1: bit for bit (4 steps) |" in out, out
+  assert "- bogus (--xla_cpu_no_such_flag=1): quick:1 exit 1: Unknown flag in XLA_FLAGS: " \
+         "--xla_cpu_no_such_flag=1" in out, out
