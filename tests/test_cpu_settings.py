@@ -23,8 +23,9 @@ LOSSES = [[1.0], [0.5]]
 
 
 def fake_spawn(calls):
-  """What the workers would report: the default at 10 member-steps/s with LOSSES, the
-  others relative to it; --inert compiles the default's program."""
+  """What the workers would report: the default at 10 member-steps/s with LOSSES in round
+  1 and twice as fast in round 2 (the machine's load dropped), the others relative to it;
+  --inert compiles the default's program."""
   def spawn(spec, base, flags, cpus):
     calls.append((spec["kind"], flags, len(cpus), spec.get("default_program"),
                   spec.get("loss_steps")))
@@ -34,12 +35,12 @@ def fake_spawn(calls):
       return {"error": "exit 1: Unknown flag in XLA_FLAGS: --bogus"}
     if flags == ("--inert",) and spec["default_program"] == "p0":
       return {"program": "p0", "inert": True}
-    noisy = sum(1 for c in calls if c[1] == ("--noisy",))
+    load = sum(1 for c in calls if c[:3] == ("mpx", (), 2))  # The round, from the defaults.
     rate = {(): 10.0, ("--fast",): 12.0, ("--moves",): 9.0,
-            ("--noisy",): 11.0 if noisy == 1 else 9.0}[flags]
+            ("--noisy",): 11.0 if load == 1 else 9.0}[flags]
     losses = [[1.0], [0.5000001]] if flags == ("--moves",) else LOSSES
-    return {"rate": rate * (0.5 if len(cpus) == 1 else 1.0), "program": "p0" if not flags
-            else "p1", "steps": 2, "losses": losses}
+    return {"rate": rate * load * (0.5 if len(cpus) == 1 else 1.0), "steps": 2,
+            "program": "p0" if not flags else "p1", "losses": losses}
   return spawn
 
 
@@ -79,11 +80,13 @@ def test_the_report_says_faster_slower_inert_failed_and_which_moves_the_numbers(
       "- one (no flags, 1 core(s)): quick:1 slower; numbers bit for bit",
       "- noisy (--noisy): quick:1 within noise; numbers bit for bit"]
   table = "\n".join(cpu_settings.table(plan, results))
-  assert "| quick:1 | fast | 2 | 12.000; 12.000, 12.000 | 1.200 (1.200–1.200) | 1.50x | " \
+  # Paired by round: the load's drift cancels (medians 18 / 15 and 15 / 12 for PyTorch).
+  assert "| quick:1 | fast | 2 | 18.000; 12.000, 24.000 | 1.200 (1.200–1.200) | 2.25x | " \
          "other HLO | bit for bit (4 steps) | faster |" in table
-  assert "| quick:1 | one | 1 | 5.000; 5.000, 5.000 | 0.500 (0.500–0.500) | 1.00x |" in table
-  assert "| quick:1 | default | 2 | 10.000; 10.000, 10.000 |  | 1.25x | default's | round 2 " \
+  assert "| quick:1 | one | 1 | 7.500; 5.000, 10.000 | 0.500 (0.500–0.500) | 1.50x |" in table
+  assert "| quick:1 | default | 2 | 15.000; 10.000, 20.000 |  | 1.88x | default's | round 2 " \
          "against round 1: bit for bit (4 steps) |" in table
+  assert "| quick:1 | noisy | 2 | 14.500; 11.000, 18.000 | 1.000 (0.900–1.100) |" in table
   assert "**changes**: max rel 2.4e-07 (4 steps)" in table
 
 
