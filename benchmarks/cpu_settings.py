@@ -421,7 +421,7 @@ def main(argv=None):
   if args.worker:
     print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
     return
-  plan = make_plan(args, run.CPU_FLAGS_ADDED)
+  plan = make_plan(args, chunk_timing.CPU_FLAGS_ADDED)
   log = lambda line: print(line, file=sys.stderr, flush=True)
   results = run_ab(plan, log)
   print(report(plan, results))

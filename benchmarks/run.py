@@ -14,8 +14,8 @@ exclude compilation, which is printed separately. Achieved FLOP/s = XLA's cost a
 of the compiled program / measured time, against a float32 matmul peak measured by jax
 in the same process, so the ratios hold on whatever machine runs this. `--settings` adds
 `cpu_settings.py`'s interleaved A/B of XLA:CPU settings (each in its own process) to the
-report. mpx's per-CPU XLA flags (`mpx.sweep.cpu_flags`) are applied on import, as `mpx
-run` applies them; the report names them.
+report. mpx's per-CPU XLA flags (`mpx.sweep.cpu_flags`) are applied when `chunk_timing`
+is imported, as `mpx run` applies them; the report names them.
 """
 
 from __future__ import annotations
@@ -40,14 +40,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from mpx.sweep import cpu_flags  # noqa: E402
-
-# mpx's XLA flags for this kind of CPU, before jax starts its backend (XLA reads them then).
-CPU_FLAGS_ADDED = cpu_flags.apply()
-
-import chunk_timing  # noqa: E402
+import chunk_timing  # noqa: E402 (applies mpx's per-CPU XLA flags, as `mpx run` does)
 import torch_reference  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
+from mpx.sweep import cpu_flags  # noqa: E402
 from mpx.sweep import engine, optim  # noqa: E402
 from mpx.tasks.boolean import gotu as boolean_gotu  # noqa: E402
 from mpx.tasks import boolean  # noqa: E402
@@ -109,7 +105,7 @@ def machine_lines(when: str, at: str) -> list[str]:
       f"- jax {jax.__version__} ({jax.default_backend()}, devices: "
       f"{', '.join(str(d) for d in jax.devices())}), flax {flax.__version__}",
       f"- torch {torch.__version__}, {torch_reference.num_threads()} thread(s)",
-      f"- {cpu_flags.describe(CPU_FLAGS_ADDED)}",
+      f"- {cpu_flags.describe(chunk_timing.CPU_FLAGS_ADDED)}",
       f"- XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
       f"{when}; commit {at}",
   ]
@@ -484,7 +480,7 @@ def main(argv=None):
     import cpu_settings
     plan = cpu_settings.make_plan(cpu_settings.parse_args(
         shlex.split(args.settings_args) + (["--tiny"] if args.quick_check else [])),
-        CPU_FLAGS_ADDED)
+        chunk_timing.CPU_FLAGS_ADDED)
     results = cpu_settings.run_ab(plan, lambda line: print(line, flush=True))
     settings, settings_lines = cpu_settings.report(plan, results), cpu_settings.summary(
         plan, results)
