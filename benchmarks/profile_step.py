@@ -74,8 +74,8 @@ def hlo_ops(compiled) -> dict[str, Op]:
 
 def category(name: str, op: Op) -> str:
   """What an op does for the step: the engine's scopes first, then the kind of work."""
-  for scope in SCOPES:
-    if f"/{scope}/" in op.source or op.source.endswith(f"/{scope}"):
+  for scope in SCOPES:  # A scope under vmap reads "vmap(optimizer)/...".
+    if re.search(rf"(?:^|[/(]){scope}(?:[)/]|$)", op.source):
       return scope
   kinds = op.inner | {op.opcode}
   if kinds & {"dot", "convolution"}:

@@ -171,3 +171,24 @@ def test_the_tiny_ab_runs_end_to_end():
   assert "| default's | round 2 against round 1: bit for bit (4 steps) |" in out, out
   assert "- bogus (--xla_cpu_no_such_flag=1): quick:1 exit 1: Unknown flag in XLA_FLAGS: " \
          "--xla_cpu_no_such_flag=1" in out, out
+
+
+def test_the_profile_sorts_ops_by_what_they_do():
+  """profile_step.py reads the compiled program: the engine's named scopes (under vmap
+  too), then matmuls (any fusion with a dot), reductions, copies."""
+  import jax
+  import jax.numpy as jnp
+  import profile_step
+
+  def step(w, x):
+    y = jnp.tanh(x @ w)
+    with jax.named_scope("nan_isolation"):
+      keep = jnp.all(jnp.isfinite(y))
+    return jnp.where(keep, jnp.sum(y, axis=0), 0.0), y.T.copy()
+
+  x = jnp.ones((4, 64, 32))
+  compiled = jax.jit(jax.vmap(step, in_axes=(None, 0))).lower(jnp.ones((32, 32)), x).compile()
+  ops = profile_step.hlo_ops(compiled)
+  found = {profile_step.category(name, op) for name, op in ops.items()
+           if op.opcode not in ("parameter", "tuple", "get-tuple-element", "constant")}
+  assert {"matmul", "reduction", "nan_isolation"} <= found, found
