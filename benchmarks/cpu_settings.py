@@ -49,10 +49,11 @@ YNN = "--xla_cpu_experimental_ynn_fusion_type="
 class Candidate:
   """XLA flags and a core count (None: every core of `--cpus`), and why it is a candidate.
 
-  `hlo`: the flags act on XLA's HLO passes (library fusions, rewrites), so an optimized
-  program that is the default's means they changed nothing here and the candidate is not
-  timed. Flags that act on code generation or the runtime (vector width, Eigen's threads,
-  fast math) leave the HLO as it is and are always timed.
+  `hlo`: the flags act on XLA's HLO passes (library fusions, rewrites) alone, so an
+  optimized program that is the default's or another such candidate's means the rest of
+  them changed nothing here, and the candidate is not timed. Flags that act on code
+  generation or the runtime (vector width, Eigen's threads, fast math) leave the HLO as it
+  is and are always timed.
   """
   name: str
   flags: tuple[str, ...] = ()
@@ -96,15 +97,15 @@ TORCH_STEPS = {"quick": 64, "paper": 4}  # Timed PyTorch steps per round (one se
 
 
 def measure_mpx(scale: str, members: int, steps: int, repeats: int, loss_steps: int,
-                loss_members: int, default_program: str | None) -> dict:
+                loss_members: int, known: dict[str, str]) -> dict:
   """One chunk to warm up, `repeats` timed; then chunks until `loss_steps` steps are done
   where K <= `loss_members` (the loss check of the larger K covers the timed steps). A
-  program that is `default_program` (the flags changed nothing) is not run again."""
+  program in `known` ({program: candidate}) was measured already and is not run again."""
   import jax
   chunk, state, hparams, data, compile_s = run.compiled_chunk(scale, members, steps)
   program = hashlib.sha1(chunk.as_text().encode()).hexdigest()[:12]
-  if program == default_program:
-    return {"program": program, "inert": True}
+  if program in known:
+    return {"program": program, "same_as": known[program]}
   need, have = run.needed_gib(chunk), run.available_gib()
   if need > have:
     return {"skipped": f"needs {need:.1f} GiB, {have:.1f} GiB available", "program": program}
@@ -131,7 +132,7 @@ def worker(spec: dict) -> dict:
     return {"rate": run.torch_reference.member_steps_per_second(
         run.torch_scale(spec["scale"]), spec["steps"], 1)}
   return measure_mpx(spec["scale"], spec["members"], spec["steps"], spec["repeats"],
-                     spec["loss_steps"], spec["loss_members"], spec.get("default_program"))
+                     spec["loss_steps"], spec["loss_members"], spec["known_programs"])
 
 
 # --------------------------------------------------------------------------- parent
@@ -178,29 +179,32 @@ class Plan:
 def run_ab(plan: Plan, log=print, spawn=spawn) -> dict:
   """{(case, candidate name or "PyTorch@N"): [each round's result]}: every case, in each
   every candidate (the default first, the others' order rotated each round) and PyTorch
-  on each core count the candidates use. A candidate of HLO flags that leave the default's
-  program as it was is compiled once per case and not run."""
+  on each core count the candidates use. A candidate of HLO flags whose program the
+  default or an earlier such candidate compiled is compiled once per case, not run."""
   if plan.candidates[0].name != "default":
     raise ValueError("the first candidate must be 'default', the one the others are "
                      "compared with; e.g. --candidates default ynn-reduce")
-  results = {}
+  results, programs = {}, {}  # programs: {case: {program: the HLO candidate measuring it}}
   core_sets = sorted({len(plan.cores(c)) for c in plan.candidates})
   others = plan.candidates[1:]
   for r in range(plan.rounds):
     shift = r % len(others) if others else 0
     for case in plan.cases:
       scale, members = case.split(":")
+      known = programs.setdefault(case, {})
       for candidate in (plan.candidates[0], *others[shift:], *others[:shift]):
         runs = results.setdefault((case, candidate.name), [])
-        if runs and (runs[0].get("inert") or "error" in runs[0] or "skipped" in runs[0]):
-          continue  # The default's program, failed or too large: so it would be again.
-        default = results[(case, "default")][0] if candidate.name != "default" else {}
+        if runs and ("same_as" in runs[0] or "error" in runs[0] or "skipped" in runs[0]):
+          continue  # Another's program, failed or too large: so it would be again.
+        hlo = candidate.hlo or candidate is plan.candidates[0]
         spec = {"kind": "mpx", "scale": scale, "members": int(members),
                 "steps": plan.steps[scale], "repeats": plan.repeats,
                 "loss_steps": plan.loss_steps if r == 0 else 0,
                 "loss_members": plan.loss_members,
-                "default_program": default.get("program") if candidate.hlo else None}
+                "known_programs": known if hlo and not runs else {}}  # Its first run only.
         runs.append(spawn(spec, plan.base_flags, candidate.flags, plan.cores(candidate)))
+        if hlo and "rate" in runs[-1]:
+          known.setdefault(runs[-1]["program"], candidate.name)
         log(f"round {r + 1} {case} {candidate.name}: {_short(runs[-1])}")
       for n in core_sets:
         out = spawn({"kind": "torch", "scale": scale, "steps": plan.torch_steps[scale]},
@@ -213,8 +217,8 @@ def run_ab(plan: Plan, log=print, spawn=spawn) -> dict:
 def _short(out: dict) -> str:
   if "rate" in out:
     return f"{out['rate']:.3f} member-steps/s"
-  if out.get("inert"):
-    return "the default's program (flags inert here): not run"
+  if "same_as" in out:
+    return f"{out['same_as']}'s program (the rest of its flags inert here): not run"
   return out.get("error") or out.get("skipped", "?")
 
 
@@ -253,6 +257,7 @@ class Line:
   program: str
   numbers: str
   note: str = ""
+  same_as: str | None = None  # The candidate whose program it compiled (not run itself).
 
   def verdict(self) -> str:
     """Faster or slower where every round agrees; a failed or skipped one says why."""
@@ -260,8 +265,8 @@ class Line:
       return self.note
     if self.name == "default":
       return ""
-    if self.program.startswith("same (flags inert"):
-      return "inert"
+    if self.same_as is not None:
+      return "inert" if self.same_as == "default" else f"= {self.same_as}"
     if not self.vs_default:
       return "not compared"
     if min(self.vs_default) > 1:
@@ -273,31 +278,41 @@ def lines(plan: Plan, results: dict) -> list[Line]:
   out = []
   for case in plan.cases:
     default = results.get((case, "default"), [])
+    done = {}  # This case's lines so far, by name: a twin copies its program's.
     for candidate in plan.candidates:
       runs = results.get((case, candidate.name), [])
       if not runs or not default:
         continue
-      n = len(plan.cores(candidate))
+      n, first = len(plan.cores(candidate)), runs[0]
       torch_rates = _rates(results.get((case, f"PyTorch@{n}"), []))
-      first, inert = runs[0], runs[0].get("inert", False)
-      rates = _rates(default if inert else runs)  # An inert one's rounds are the default's.
-      paired = [] if inert or candidate.name == "default" else [
-          a["rate"] / b["rate"] for a, b in zip(runs, default) if "rate" in a and "rate" in b]
-      program = ("–" if "program" not in first else "default's" if candidate.name == "default"
-                 else "same (flags inert here)" if inert
-                 else "same HLO" if first["program"] == default[0].get("program")
-                 else "other HLO")
-      reference = default[1] if candidate.name == "default" and len(default) > 1 else default[0]
-      numbers = ("bit for bit (same program)" if inert
-                 else "–" if "losses" not in first or "losses" not in reference
-                 or first is reference
-                 else loss_change(reference["losses"], first["losses"], first["steps"]))
-      if candidate.name == "default" and numbers != "–":
-        numbers = "round 2 against round 1: " + numbers
-      note = first.get("error") or first.get("skipped", "")
-      out.append(Line(case, candidate.name, n, rates, paired,
-                      statistics.median(rates) / statistics.median(torch_rates)
-                      if rates and torch_rates else None, program, numbers, note))
+      same_as = first.get("same_as")
+      if same_as is not None:
+        twin = done[same_as]
+        line = dataclasses.replace(
+            twin, name=candidate.name, program=f"{same_as}'s (flags inert here)",
+            numbers="bit for bit (same program)" if same_as == "default" else twin.numbers,
+            same_as=same_as)
+      else:
+        rates = _rates(runs)
+        paired = [] if candidate.name == "default" else [
+            a["rate"] / b["rate"] for a, b in zip(runs, default) if "rate" in a and "rate" in b]
+        program = ("–" if "program" not in first
+                   else "default's" if candidate.name == "default"
+                   else "same HLO" if first["program"] == default[0].get("program")
+                   else "other HLO")
+        reference = (default[1] if candidate.name == "default" and len(default) > 1
+                     else default[0])
+        numbers = ("–" if "losses" not in first or "losses" not in reference
+                   or first is reference
+                   else loss_change(reference["losses"], first["losses"], first["steps"]))
+        if candidate.name == "default" and numbers != "–":
+          numbers = "round 2 against round 1: " + numbers
+        line = Line(case, candidate.name, n, rates, paired,
+                    statistics.median(rates) / statistics.median(torch_rates)
+                    if rates and torch_rates else None, program, numbers,
+                    first.get("error") or first.get("skipped", ""))
+      done[candidate.name] = line
+      out.append(line)
   return out
 
 
@@ -335,9 +350,11 @@ def summary(plan: Plan, results: dict) -> list[str]:
   out = []
   for candidate in plan.candidates[1:]:
     found = by_name.get(candidate.name, [])
-    if found and all(l.verdict() == "inert" for l in found):
-      out.append(f"- {candidate.name}: inert on this jaxlib (XLA compiled the default's "
-                 "program in every case)")
+    twins = {l.same_as for l in found}
+    if found and len(twins) == 1 and None not in twins:
+      what = ("inert on this jaxlib" if twins == {"default"}
+              else f"{twins.pop()}'s program (its other flags inert on this jaxlib)")
+      out.append(f"- {candidate.name}: {what}: the same HLO in every case")
       continue
     verdicts = ", ".join(f"{l.case} {l.verdict()}" for l in found)
     changes = [l.case for l in found if l.numbers.startswith("**changes")]

@@ -1,9 +1,7 @@
 """benchmarks/cpu_settings.py (the interleaved A/B of XLA:CPU settings) and what
 `benchmarks/run.py --write` makes of a run: the results file and docs/performance.md."""
 
-import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -16,31 +14,32 @@ import cpu_settings  # noqa: E402
 import run  # noqa: E402
 
 C = cpu_settings.Candidate
-CANDIDATES = (C("default"), C("fast", ("--fast",)), C("moves", ("--moves",)),
+CANDIDATES = (C("default"), C("fast", ("--fast",), hlo=True), C("moves", ("--moves",)),
               C("inert", ("--inert",), hlo=True), C("bogus", ("--bogus",)), C("one", (), 1),
-              C("noisy", ("--noisy",)))
+              C("noisy", ("--noisy",)), C("twin", ("--fast", "--inert"), hlo=True))
 LOSSES = [[1.0], [0.5]]
 
 
 def fake_spawn(calls):
   """What the workers would report: the default at 10 member-steps/s with LOSSES in round
   1 and twice as fast in round 2 (the machine's load dropped), the others relative to it;
-  --inert compiles the default's program."""
+  --inert does nothing: the program is the one without it."""
   def spawn(spec, base, flags, cpus):
-    calls.append((spec["kind"], flags, len(cpus), spec.get("default_program"),
+    calls.append((spec["kind"], flags, len(cpus), dict(spec.get("known_programs", {})),
                   spec.get("loss_steps")))
     if spec["kind"] == "torch":
       return {"rate": 8.0 if len(cpus) == 2 else 5.0}
     if flags == ("--bogus",):
       return {"error": "exit 1: Unknown flag in XLA_FLAGS: --bogus"}
-    if flags == ("--inert",) and spec["default_program"] == "p0":
-      return {"program": "p0", "inert": True}
+    program = {(): "p0", ("--inert",): "p0", ("--fast", "--inert"): "p1"}.get(flags, "p1")
+    if program in spec["known_programs"]:
+      return {"program": program, "same_as": spec["known_programs"][program]}
     load = sum(1 for c in calls if c[:3] == ("mpx", (), 2))  # The round, from the defaults.
     rate = {(): 10.0, ("--fast",): 12.0, ("--moves",): 9.0,
             ("--noisy",): 11.0 if load == 1 else 9.0}[flags]
     losses = [[1.0], [0.5000001]] if flags == ("--moves",) else LOSSES
     return {"rate": rate * load * (0.5 if len(cpus) == 1 else 1.0), "steps": 2,
-            "program": "p0" if not flags else "p1", "losses": losses}
+            "program": program, "losses": losses}
   return spawn
 
 
@@ -58,14 +57,15 @@ def test_rounds_interleave_the_candidates_and_skip_an_inert_one(ab):
   name = lambda flags, n: "one" if n == 1 else names[flags]
   order = [("torch", n) if kind == "torch" else name(flags, n) for kind, flags, n, _, _ in calls]
   assert order == [
-      "default", "fast", "moves", "inert", "bogus", "one", "noisy", ("torch", 1), ("torch", 2),
-      "default", "moves", "one", "noisy", "fast", ("torch", 1), ("torch", 2)]
-  # The default's program goes to the candidates of HLO flags (one that compiles it is not
-  # run), not to the others; the loss runs long only in round 1.
-  assert {(name(f, n), p) for k, f, n, p, _ in calls if k == "mpx"} == {
-      ("default", None), ("fast", None), ("moves", None), ("inert", "p0"), ("bogus", None),
-      ("one", None), ("noisy", None)}
-  assert [s for k, _, _, _, s in calls if k == "mpx"] == [32] * 7 + [0] * 5
+      "default", "fast", "moves", "inert", "bogus", "one", "noisy", "twin", ("torch", 1),
+      ("torch", 2), "default", "moves", "one", "noisy", "fast", ("torch", 1), ("torch", 2)]
+  # The programs measured so far go to the candidates of HLO flags (one that compiles one
+  # of them is not run), not to the others; the loss runs long only in round 1.
+  assert [(name(f, n), p) for k, f, n, p, _ in calls if k == "mpx"][:8] == [
+      ("default", {}), ("fast", {"p0": "default"}), ("moves", {}),
+      ("inert", {"p0": "default", "p1": "fast"}), ("bogus", {}), ("one", {}), ("noisy", {}),
+      ("twin", {"p0": "default", "p1": "fast"})]
+  assert [s for k, _, _, _, s in calls if k == "mpx"] == [32] * 8 + [0] * 5
 
 
 def test_the_report_says_faster_slower_inert_failed_and_which_moves_the_numbers(ab):
@@ -74,11 +74,13 @@ def test_the_report_says_faster_slower_inert_failed_and_which_moves_the_numbers(
       "- fast (--fast): quick:1 faster; numbers bit for bit",
       "- moves (--moves): quick:1 slower; **changes the numbers** (quick:1): only after the "
       "preset guard",
-      "- inert: inert on this jaxlib (XLA compiled the default's program in every case)",
+      "- inert: inert on this jaxlib: the same HLO in every case",
       "- bogus (--bogus): quick:1 exit 1: Unknown flag in XLA_FLAGS: --bogus; numbers not "
       "compared",
       "- one (no flags, 1 core(s)): quick:1 slower; numbers bit for bit",
-      "- noisy (--noisy): quick:1 within noise; numbers bit for bit"]
+      "- noisy (--noisy): quick:1 within noise; numbers bit for bit",
+      "- twin: fast's program (its other flags inert on this jaxlib): the same HLO in every "
+      "case"]
   table = "\n".join(cpu_settings.table(plan, results))
   # Paired by round: the load's drift cancels (medians 18 / 15 and 15 / 12 for PyTorch).
   assert "| quick:1 | fast | 2 | 18.000; 12.000, 24.000 | 1.200 (1.200–1.200) | 2.25x | " \
@@ -88,6 +90,8 @@ def test_the_report_says_faster_slower_inert_failed_and_which_moves_the_numbers(
          "against round 1: bit for bit (4 steps) |" in table
   assert "| quick:1 | noisy | 2 | 14.500; 11.000, 18.000 | 1.000 (0.900–1.100) |" in table
   assert "**changes**: max rel 2.4e-07 (4 steps)" in table
+  assert "| quick:1 | twin | 2 | 18.000; 12.000, 24.000 | 1.200 (1.200–1.200) | 2.25x | " \
+         "fast's (flags inert here) | bit for bit (4 steps) | = fast |" in table
 
 
 def test_loss_change_counts_nans_and_compares_the_chunks_both_made():
@@ -158,17 +162,17 @@ def test_the_performance_page_holds_the_write_markers():
 
 @pytest.mark.slow
 def test_the_tiny_ab_runs_end_to_end():
-  """Workers in their own processes: the default, a flag XLA does not know (reported,
-  the run goes on), and PyTorch; the default's loss is compared with its own round 2."""
-  done = subprocess.run(
-      [sys.executable, "benchmarks/cpu_settings.py", "--tiny", "--rounds", "2",
-       "--candidates", "default", "--add", "bogus=--xla_cpu_no_such_flag=1"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert done.returncode == 0, done.stderr[-3000:]
-  out = done.stdout
+  """Workers in their own processes: the default (its loss compared with its own round
+  2), a flag of no effect on the HLO (compiled once, not run), a flag XLA does not know
+  (reported, the run goes on), and PyTorch."""
+  args = cpu_settings.parse_args(["--tiny", "--rounds", "2", "--candidates", "default",
+                                  "--add", "bogus=--xla_cpu_no_such_flag=1"])
+  plan = cpu_settings.make_plan(args, ())
+  plan.candidates += (C("same", ("--xla_cpu_collective_timeout_seconds=1234",), hlo=True),)
+  out = cpu_settings.report(plan, cpu_settings.run_ab(plan, lambda line: None))
   assert "| quick:1 | PyTorch | 2 | " in out, out
   assert "| default's | round 2 against round 1: bit for bit (4 steps) |" in out, out
+  assert "- same: inert on this jaxlib: the same HLO in every case" in out, out
   assert "- bogus (--xla_cpu_no_such_flag=1): quick:1 exit 1: Unknown flag in XLA_FLAGS: " \
          "--xla_cpu_no_such_flag=1" in out, out
 
