@@ -98,5 +98,5 @@ def test_mpx_run_and_the_benchmarks_set_them_before_the_backend_starts(code):
                         env=env | {"JAX_PLATFORMS": "cpu"}, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
   assert "devices 3" in done.stdout, done.stdout + done.stderr[-2000:]
-  if code is THROUGH_BENCHMARKS:  # The report names them.
-    assert "--xla_force_host_platform_device_count=3" in done.stdout.split("mpx CPU defaults")[1]
+  said = done.stdout if code is THROUGH_BENCHMARKS else done.stderr  # The report, mpx run.
+  assert "--xla_force_host_platform_device_count=3" in said.split("mpx CPU defaults")[1], said
