@@ -8,9 +8,11 @@ gives the line to set a flag yourself.
 
 A default enters `DEFAULTS` only from `benchmarks/cpu_settings.py`'s interleaved A/B on
 idle cores (both scales, K = 1 and 16, PyTorch in the same run), faster on that kind of
-CPU, with the training loss bit for bit today's; a setting that moves the numbers needs
-the preset guard first. Each entry names the jaxlib release it was measured on: XLA
-aborts on a flag it does not know, and a new release may change what a flag costs.
+CPU, with the training loss bit for bit today's; a setting that moves the numbers enters
+only once `benchmarks/preset_guard.py` shows every preset the README quotes at the same
+accuracies to the reported digits (what moves is re-recorded). Each entry names the
+jaxlib release it was measured on: XLA aborts on a flag it does not know, and a new
+release may change what a flag costs.
 """
 
 from __future__ import annotations
@@ -42,8 +44,14 @@ class Default:
   reason: str
 
 
-# Empty: no setting has yet been measured faster, with the numbers unchanged, on idle
-# cores (this session's machine was shared); `benchmarks/run.py --settings` is the A/B.
+# Empty: no setting has yet been measured on idle cores (`benchmarks/run.py --settings`
+# is the A/B). On a shared 2-core AMD EPYC (jaxlib 0.10.2) YNNPACK's reductions off
+# (`--xla_cpu_experimental_ynn_fusion_type=-reduce`) ran faster at quick K = 1 and 16 but
+# moved the training loss in its last bits within 64 steps: it needs the idle A/B and the
+# preset guard. An entry reads, e.g.:
+#   Default(CpuKind("intel", "avx512"), "0.10.", ("--xla_cpu_...=...",),
+#           "run.py --settings, <machine>, <date>, <commit>: quick K = 1 1.15x (1.10-1.20),
+#            ...; loss bit for bit over 32 steps")
 DEFAULTS: tuple[Default, ...] = ()
 
 _VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
