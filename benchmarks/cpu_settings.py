@@ -80,6 +80,8 @@ CANDIDATES = (
               "oneDNN fusions instead of YNNPACK's", hlo=True),
     Candidate("xnn-fusions", (YNN, "--xla_cpu_experimental_xnn_fusion_type=dot,eltwise,reduce"),
               None, "XNNPACK fusions instead of YNNPACK's", hlo=True),
+    Candidate("xnnpack", ("--xla_cpu_use_xnnpack=true",), None, "XNNPACK where it applies",
+              hlo=True),
     Candidate("eigen-single-thread", ("--xla_cpu_multi_thread_eigen=false",), None,
               "Eigen's matmuls on one thread (XLA still runs ops in parallel)"),
     Candidate("vector-512", ("--xla_cpu_prefer_vector_width=512",), None,
