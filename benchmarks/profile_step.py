@@ -1,4 +1,4 @@
-"""Where a training chunk's time goes, op by op (jax profiler), as a Markdown table.
+"""Where a training chunk's time goes, op by op (jax profiler), as Markdown tables.
 
     python benchmarks/profile_step.py --scale quick --members 1 --steps 16
     XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=-reduce \
@@ -6,24 +6,21 @@
     python benchmarks/profile_step.py --scale paper --members 1 --steps 2
 
 Compiles `run.py`'s chunk (the Boolean GOTU 2Parity group, mask scheme), runs it once to
-warm up, times one chunk, then traces one more with `jax.profiler.trace` and sums the
-executed XLA ops of the trace, with how many run per step (counts hold on a loaded
-machine, where times do not): first by what they do (the engine's named scopes:
-NaN isolation, epoch redraw, batch gather, optimizer; then matmuls, i.e. any fusion with
-a dot, reductions, copies and transposes, the rest), then by kind: YNNPACK fusions
-(matmuls or reductions and what XLA fused into them), plain dots, and XLA's own loop
-fusions by their root ops. The top ops are listed with the jax operation they came from
-(HLO metadata), which is what points at a fix.
+warm up, times one chunk, then traces one more with `jax.profiler.trace` and splits the
+traced span by kind with `xla_trace.py` (the accelerator check's profile stage does the
+same on a GPU): matmuls (dots and the fusions that hold one, YNNPACK's included),
+mpx's attention core, copies and transposes, XLA's other fusions by their root op, the
+gaps between ops and where ops overlap (several threads). A second table sorts the same
+ops by what they do for the step, with how many run per step (counts hold on a loaded
+machine, where times do not): the engine's named scopes (NaN isolation, epoch redraw,
+batch gather, optimizer) first, the rest by that kind. The top ops are listed with the
+jax operation they came from (HLO metadata), which is what points at a fix.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
-import glob
-import gzip
-import json
 import os
 import re
 import sys
@@ -33,88 +30,33 @@ import time
 import jax
 
 import run as bench  # benchmarks/run.py (puts the repository on sys.path).
+import xla_trace
 
-OP = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w-]+)\(')
-OP_NAME = re.compile(r'op_name="([^"]*)"')
-CALLS = re.compile(r'calls=%?([\w.\-]+)')
-COMPUTATION = re.compile(r'^%?([\w.\-]+) .*\{$')
-# The engine's named scopes (`mpx.sweep.engine`): work around the model's own.
+# The engine's named scopes (`mpx.sweep.engine`): its own work around the model's.
 SCOPES = ("nan_isolation", "epoch_redraw", "batch", "optimizer")
 
 
-@dataclasses.dataclass(frozen=True)
-class Op:
-  """One instruction of the compiled program: its shape, opcode, the jax op it came from
-  (HLO metadata) and the opcodes of the computation it calls (a fusion's body)."""
-  shape: str
-  opcode: str
-  source: str
-  inner: frozenset = frozenset()
-
-
-def hlo_ops(compiled) -> dict[str, Op]:
-  """Instruction name → `Op`, for the compiled entry and every body."""
-  lines, opcodes, computation = compiled.as_text().splitlines(), {}, None
-  for line in lines:  # Each computation's opcodes, for what a fusion calls.
-    head = COMPUTATION.match(line)  # Headers start at the line's start, ops indented.
-    if head:
-      computation = head.group(1)
-    m = OP.match(line)
-    if m and computation is not None:
-      opcodes.setdefault(computation, set()).add(m.group(3))
-  ops = {}
-  for line in lines:
-    m = OP.match(line)
-    if m:
-      source, calls = OP_NAME.search(line), CALLS.search(line)
-      ops[m.group(1)] = Op(m.group(2), m.group(3), source.group(1) if source else "",
-                           frozenset(opcodes.get(calls.group(1), ())) if calls else frozenset())
-  return ops
-
-
-def category(name: str, op: Op) -> str:
-  """What an op does for the step: the engine's scopes first, then the kind of work."""
-  for scope in SCOPES:  # A scope under vmap reads "vmap(optimizer)/...".
-    if re.search(rf"(?:^|[/(]){scope}(?:[)/]|$)", op.source):
+def what_it_does(instruction: xla_trace.Instruction | None) -> str:
+  """An op's part of the step: the engine scope it lies in (under vmap the name stack
+  reads "vmap(optimizer)/..."), else its kind (`xla_trace.classify`)."""
+  if instruction is None:
+    return "no HLO instruction of the program"
+  for scope in SCOPES:
+    if re.search(rf"(?:^|[/(]){scope}(?:[)/]|$)", instruction.op_name):
       return scope
-  kinds = op.inner | {op.opcode}
-  if kinds & {"dot", "convolution"}:
-    return "matmul"
-  if kinds & {"reduce", "reduce-window"}:
-    return "reduction"
-  if op.opcode in ("copy", "transpose") or kind(name).startswith(("copy", "transpose")):
-    return "copy / transpose"
-  return "elementwise and other"
+  return instruction.kind
 
 
-def traced_ops(trace_dir: str, ops) -> tuple[collections.Counter, collections.Counter]:
-  """(seconds, executions) per HLO instruction in a profiler trace."""
-  [path] = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)
-  seconds, counts = collections.Counter(), collections.Counter()
-  for event in json.load(gzip.open(path))["traceEvents"]:
-    if event.get("ph") == "X" and event.get("name") in ops:
-      seconds[event["name"]] += event["dur"] / 1e6
-      counts[event["name"]] += 1
-  return seconds, counts
-
-
-def kind(name: str) -> str:
-  return re.sub(r"\.\d+$", "", name)
-
-
-def share_table(title: str, key, seconds, counts, steps: int, member_steps: int,
-                top: int) -> list[str]:
-  """Seconds and executions summed by `key(name)`: ops per step and time shares."""
-  total = sum(seconds.values())
-  by, runs = collections.Counter(), collections.Counter()
-  for name, s in seconds.items():
-    by[key(name)] += s
-    runs[key(name)] += counts[name]
-  lines = [f"| {title} | ops per step | ms per member-step | share |", "|---|---|---|---|"]
-  for name, s in by.most_common(top):
-    lines.append(f"| {name} | {runs[name] / steps:.1f} | {s / member_steps * 1e3:.3f} | "
-                 f"{s / total:.1%} |")
-  return lines
+def scope_rows(result: xla_trace.Profile, steps: int, member_steps: int) -> list[dict]:
+  """Own time and executions by `what_it_does`, largest first: ops per step, ms per
+  member-step and the share of the span."""
+  seconds, runs = collections.Counter(), collections.Counter()
+  for t, count, _, instruction in result.ops:
+    seconds[what_it_does(instruction)] += t
+    runs[what_it_does(instruction)] += count
+  return [{"what it does": k, "ops per step": f"{runs[k] / steps:.1f}",
+           "ms": t / 1e3 / member_steps, "share": t / result.span}
+          for k, t in seconds.most_common()]
 
 
 def main(argv=None):
@@ -126,7 +68,6 @@ def main(argv=None):
   args = parser.parse_args(argv)
   chunk, state, hparams, data, _ = bench.compiled_chunk(args.scale, args.members,
                                                          args.steps)
-  ops = hlo_ops(chunk)
   state, loss = chunk(state, hparams, data)
   jax.block_until_ready(loss)
   start = time.perf_counter()
@@ -134,27 +75,24 @@ def main(argv=None):
   jax.block_until_ready(loss)
   wall = time.perf_counter() - start
   with tempfile.TemporaryDirectory() as trace_dir:
-    with jax.profiler.trace(trace_dir):
-      state, loss = chunk(state, hparams, data)
-      jax.block_until_ready(loss)
-    seconds, counts = traced_ops(trace_dir, ops)
+    result, state, traced = xla_trace.trace_chunk(chunk, state, hparams, data, trace_dir)
 
   member_steps = args.members * args.steps
-  total = sum(seconds.values())
   print(f"`python benchmarks/profile_step.py {' '.join(argv or sys.argv[1:])}`; "
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}\n")
   print(f"{args.scale} scale, K = {args.members}, {args.steps} steps: chunk {wall:.3f} s "
-        f"untraced ({wall / member_steps * 1e3:.2f} ms per member-step); op time in the "
-        f"traced chunk {total:.3f} s (ops overlap on several threads, and tracing slows "
-        "them: read the shares)\n")
-  print("\n".join(share_table("what it does", lambda n: category(n, ops[n]), seconds,
-                              counts, args.steps, member_steps, args.top)) + "\n")
-  print("\n".join(share_table("op kind", kind, seconds, counts, args.steps, member_steps,
-                              args.top)))
-  print("\n| op | shape | from | ms per member-step |\n|---|---|---|---|")
-  for name, s in seconds.most_common(args.top):
-    source = "/".join(ops[name].source.split("/")[-3:])
-    print(f"| {name} | `{ops[name].shape}` | {source} | {s / member_steps * 1e3:.3f} |")
+        f"untraced ({wall / member_steps * 1e3:.2f} ms per member-step), {traced:.3f} s "
+        f"traced; the traced ops span {result.span / 1e6:.3f} s (tracing slows them: read "
+        "the shares)\n")
+  headers = {"ms": "ms per member-step", "share": "share of the span"}
+  print("\n".join(xla_trace.markdown(
+      ["kind", "ms", "share"], xla_trace.kind_rows(result, member_steps), headers)) + "\n")
+  print("\n".join(xla_trace.markdown(
+      ["what it does", "ops per step", "ms", "share"],
+      scope_rows(result, args.steps, member_steps), headers)) + "\n")
+  print("\n".join(xla_trace.markdown(
+      ["op", "kind", "shape", "from", "calls", "ms", "share"],
+      xla_trace.op_rows(result, member_steps, args.top), headers)))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ Rows: mpx's vmapped group (`engine.make_train_chunk`, K members in one program),
 of single-member jitted steps (quick scale: what a user without the member axis runs),
 and `torch_reference.py` (members one after another). The model and data are the
 Boolean GOTU experiment's (2Parity, mask scheme, epoch protocol, batch 256). Rates
-exclude compilation, which is printed separately. Achieved FLOP/s = XLA's cost analysis
-of the compiled program / measured time, against a float32 matmul peak measured by jax
-in the same process, so the ratios hold on whatever machine runs this. `--settings` adds
+exclude compilation, which is printed separately. Achieved FLOP/s = the model's matmul
+FLOPs per member-step (`chunk_timing.model_matmul_flops`) × member-steps/s, against a
+float32 matmul peak measured by jax in the same process, so the ratios hold on whatever
+machine runs this; XLA's cost analysis of the compiled program is printed beside it, and
+a row where the two differ by more than 2× is marked. `--settings` adds
 `cpu_settings.py`'s interleaved A/B of XLA:CPU settings (each in its own process) to the
 report. mpx's per-CPU XLA flags (`mpx.sweep.cpu_flags`) are applied when `chunk_timing`
 is imported, as `mpx run` applies them; the report names them.
@@ -69,17 +71,20 @@ TARGET_LABELS = {"quick_k1": "quick: mpx (K = 1) / PyTorch, member-steps/s",
 
 @dataclasses.dataclass
 class Row:
-  """One measured configuration; `gflop` is per member-step."""
+  """One measured configuration; `model_gflop` (the model's matmuls) and `xla_gflop`
+  (XLA's cost analysis) are per member-step."""
   scale: str
   impl: str
   members: int
   rate: float
   compile_s: float | None = None
-  gflop: float | None = None
+  model_gflop: float | None = None
+  xla_gflop: float | None = None
   note: str = ""  # Why a row has no rate (rate is then nan).
 
   def achieved(self) -> float | None:
-    return None if self.gflop is None or np.isnan(self.rate) else self.gflop * self.rate
+    return (None if self.model_gflop is None or np.isnan(self.rate)
+            else self.model_gflop * self.rate)
 
 
 # --------------------------------------------------------------------------- machine
@@ -128,6 +133,12 @@ def experiment_config(scale: str, members: int):
   _, cfg = config_lib.make_config(experiment, scale)
   cfg = dataclasses.replace(cfg, tasks=("2parity",), schemes=("mask",), seeds=members)
   return experiment, cfg
+
+
+def model_gflop(scale: str) -> float:
+  """The model's matmul GFLOP per member-step at a scale: what achieved FLOP/s divide."""
+  _, cfg = experiment_config(scale, 1)
+  return chunk_timing.model_matmul_flops(cfg, boolean.get_task("2parity").n_bits + 1) / 1e9
 
 
 def make_group(scale: str, members: int) -> engine.Group:
@@ -192,14 +203,14 @@ def time_vmapped(scale: str, members: int, steps: int, repeats: int) -> Row:
   steps per chunk), so its FLOPs / K are per member-step.
   """
   chunk, state, hparams, data, compile_s = compiled_chunk(scale, members, steps)
-  gflop = chunk_timing.xla_flops(chunk) / members / 1e9
+  xla = chunk_timing.xla_flops(chunk) / members / 1e9
   need, have = needed_gib(chunk), available_gib()
   if need > have:  # Skip rather than have the OOM killer end the whole run.
-    return Row(scale, "mpx vmapped", members, float("nan"), compile_s, gflop,
+    return Row(scale, "mpx vmapped", members, float("nan"), compile_s, model_gflop(scale), xla,
                f"skipped: needs {_size(need)}, {_size(have)} available")
   seconds = chunk_timing.time_chunk(chunk, state, hparams, data, repeats)
   return Row(scale, "mpx vmapped", members, members * steps * repeats / seconds, compile_s,
-             gflop, _size(need))
+             model_gflop(scale), xla, _size(need))
 
 
 def time_loop(scale: str, members: int, steps: int) -> Row:
@@ -252,13 +263,13 @@ def time_loop(scale: str, members: int, steps: int) -> Row:
   jax.block_until_ready(loss)
   seconds = time.perf_counter() - start
   return Row(scale, "mpx loop of jitted steps", members, members * steps / seconds,
-             compile_s, chunk_timing.xla_flops(step_fn) / 1e9)
+             compile_s, model_gflop(scale), chunk_timing.xla_flops(step_fn) / 1e9)
 
 
-def time_torch(scale: str, steps: int, seeds: int, gflop: float | None) -> Row:
+def time_torch(scale: str, steps: int, seeds: int) -> Row:
   rate = torch_reference.member_steps_per_second(torch_scale(scale), steps, seeds)
   label = f"PyTorch reference, {seeds} seed{'s' if seeds > 1 else ''} in turn"
-  return Row(scale, label, 1, rate, None, gflop)
+  return Row(scale, label, 1, rate, None, model_gflop(scale))
 
 
 # --------------------------------------------------------------------------- report
@@ -266,14 +277,19 @@ def time_torch(scale: str, steps: int, seeds: int, gflop: float | None) -> Row:
 
 def rows_table(rows: list[Row], peak: float) -> list[str]:
   lines = ["| scale | implementation | K | member-steps/s | compile (s) | GFLOP / member-step "
-           "| achieved GFLOP/s | of matmul peak | memory |", "|---" * 9 + "|"]
+           "(model) | GFLOP / member-step (XLA) | achieved GFLOP/s | of matmul peak | memory "
+           "|", "|---" * 10 + "|"]
   for r in rows:
     achieved = r.achieved()
     fraction = None if achieved is None else achieved / peak
     rate = r.note if np.isnan(r.rate) else f"{r.rate:.3f}"
+    xla = chunk_timing.fmt(r.xla_gflop, ".3g")
+    if mark := chunk_timing.flops_mark(r.model_gflop, r.xla_gflop):
+      xla += f" {mark}"
     lines.append(f"| {r.scale} | {r.impl} | {r.members} | {rate} | "
                  f"{chunk_timing.fmt(r.compile_s, '.1f')} | "
-                 f"{chunk_timing.fmt(r.gflop, '.3g')} | {chunk_timing.fmt(achieved, '.1f')} | "
+                 f"{chunk_timing.fmt(r.model_gflop, '.4g')} | {xla} | "
+                 f"{chunk_timing.fmt(achieved, '.1f')} | "
                  f"{chunk_timing.fmt(fraction, '.0%')} | {'' if np.isnan(r.rate) else r.note} |")
   return lines
 
@@ -340,10 +356,13 @@ def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool,
       f"peak = {peak:.1f}; for reference torch.mm reaches {torch_text} GFLOP/s",
       "- params (mpx = torch, asserted): " + ", ".join(f"{s} {n:,}" for s, n in params.items()),
       "", *rows_table(rows, peak), "",
-      "GFLOP / member-step: XLA's cost analysis of the compiled program (a scan's body counts "
-      "once) / K; the PyTorch row reuses mpx's count (the same model). Rates exclude "
-      "compilation; PyTorch excludes each member's first step. Memory: XLA's estimate of "
-      "the compiled chunk's host memory.", "",
+      "GFLOP / member-step (model): the model's matmuls, forward and backward "
+      "(`chunk_timing.model_matmul_flops`), from which achieved GFLOP/s is computed; the PyTorch "
+      "row trains the same model. (XLA): XLA's cost analysis of the compiled program (a "
+      "scan's body counts once) / K, beside it as a check; ⚠ marks a count off by more "
+      f"than {chunk_timing.FLOPS_DISAGREE:g}×. Rates exclude compilation; PyTorch excludes "
+      "each member's first step. Memory: XLA's estimate of the compiled chunk's host "
+      "memory.", "",
       *ratios_table(ratios(rows, peak))]
   if settings is not None:
     lines += ["", "## XLA:CPU settings", "", settings]
@@ -379,7 +398,8 @@ def performance_block(rows, peaks, torch_peaks, machine: str, when: str, at: str
       if r.impl.startswith("PyTorch") and r.achieved() is not None)
   lines += ["", f"jax's float32 matmul peak: {peak:.1f} GFLOP/s (torch.mm: "
             f"{max(torch_peaks.values()):.1f}); PyTorch's step reaches {torch_share} of "
-            "jax's peak.", "", "Targets:", ""]
+            "jax's peak. Achieved FLOP/s count the model's matmuls "
+            "(`chunk_timing.model_matmul_flops`) × member-steps/s.", "", "Targets:", ""]
   for what, value, target in ratios(rows, peak):
     if target is None:
       continue
@@ -470,9 +490,7 @@ def main(argv=None):
     if scale == "quick":
       rows.append(time_loop(scale, args.loop_members or max(args.members), steps))
       print(rows[-1], flush=True)
-    gflop = next((r.gflop for r in rows if r.scale == scale and r.impl == "mpx vmapped"),
-                 None)  # The same model: mpx's per-member-step count.
-    rows.append(time_torch(scale, steps * args.repeats, args.torch_seeds, gflop))
+    rows.append(time_torch(scale, steps * args.repeats, args.torch_seeds))
     print(rows[-1], flush=True)
 
   settings = settings_lines = None

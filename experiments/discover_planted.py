@@ -5,7 +5,7 @@ small clique (`mpx.tasks.boolean.planted`: the generator, the tasks, the report)
     mpx run discover_planted --preset tiny --out /tmp/planted-tiny    # 1 task, 1 seed: smoke test
     mpx run discover_planted --preset quick --out /tmp/planted-quick  # 20 tasks, 9 arms, 2 seeds
     mpx run discover_planted --preset cpu --out ~/runs/planted-cpu-a --resume=auto \\
-        --set tasks=p00_sparse20,p01_chain15                          # a subset per run folder
+        --set tasks=p00_sparse17,p01_chain15                          # a subset per run folder
     python -m mpx.experiments.discover_planted RUN_DIR [MORE_RUN_DIRS...]  # planted.md, figures
 
 Stage 1 trains `default` (route (b) reads its function's Fourier spectrum on the whole

@@ -36,9 +36,11 @@ process is given the same command line (the same --out: process 0 writes the fil
 
 Each process's output (stdout and stderr) goes to the terminal, every line prefixed "[i] ".
 The script waits for all of them; when one fails it stops the others and exits with the
-failed process's status (after --restarts, for 143 and 137). Ctrl-C (or SIGTERM) stops them
-all the same way and is never restarted (exit 130 or 143; then run the same command again);
-a second Ctrl-C kills them at once.
+failed process's status (after --restarts, for 143 and 137). Status 75 (another process is
+writing the run folder; mpx read and wrote nothing) is never restarted: local.sh does not
+start a second writer; run the same command once that process has ended. Ctrl-C (or
+SIGTERM) stops them all the same way and is never restarted (exit 130 or 143; then run the
+same command again); a second Ctrl-C kills them at once.
 
 example:
   bash launch/local.sh 2 -- mpx run boolean_gotu --preset tiny --out runs/local2 --resume=auto
@@ -216,5 +218,7 @@ for ((start = 0; ; start++)); do
 done
 if ((status == 143 || status == 137)) && ((!signalled && restarts > 0)); then
   say "stopped with status $status after $restarts restarts (--restarts); run the same command again to continue"
+elif ((status == 75)); then
+  say "the run folder is being written by another process (exit status 75; mpx's line above names it): not started again, so as not to start a second writer. Let that process end (or stop it), then run the same command: it continues the run"
 fi
 exit "$status"

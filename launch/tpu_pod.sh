@@ -51,10 +51,12 @@ subcommands:
   watch     until the run is done: create the slice if it is missing, install and run; then
             every --interval seconds check the slice and the job; a preempted or vanished
             slice is deleted, created, installed and run again (a failed create is tried
-            again), a job that stopped with 143 (preempted) or 137 (killed) is run again,
-            at most --max-restarts times in all (then exit 4); when every worker exited 0,
-            fetch. A job that failed otherwise (1 failed,
-            2 error, 3 refused) ends the watch with its status. Run it where it outlives
+            again), a job that stopped with 143 (preempted) or 137 (killed), or was
+            refused with 75 (another process writes the run folder: tried again every
+            --interval seconds, never beside it) is run again, at most --max-restarts
+            times in all (then exit 4); when every worker exited 0, fetch. A job that
+            failed otherwise (1 failed, 2 error, 3 refused) ends the watch with its
+            status. Run it where it outlives
             your terminal: `nohup bash launch/tpu_pod.sh watch -- ... > watch.log 2>&1 &`
             on a small VM (or in tmux there)
   fetch     gcloud storage cp --recursive gs://BUCKET/PATH $MPX_FETCH_DIR/ (from this machine)
@@ -391,7 +393,7 @@ slice_state() {  # ready, pending, gone (preempted, terminated, ...), absent or 
   esac
 }
 
-job_state() {  # from every worker's status line: running, done, restart, none, failed CODE, unknown
+job_state() {  # from every worker's status line: running, done, restart, locked, none, failed CODE, unknown
   local out rc=0
   out=$("${tpu_vm[@]}" ssh "$TPU_NAME" "${location[@]}" --worker=all --command "$(worker_cmd status)" 2>&1) || rc=$?
   local states
@@ -401,9 +403,11 @@ job_state() {  # from every worker's status line: running, done, restart, none, 
     return
   fi
   local failed
-  failed=$(grep -oE '^exited [0-9]+$' <<<"$states" | grep -vE ' (0|137|143)$' | head -n 1 | cut -d' ' -f2 || true)
+  failed=$(grep -oE '^exited [0-9]+$' <<<"$states" | grep -vE ' (0|75|137|143)$' | head -n 1 | cut -d' ' -f2 || true)
   if grep -qE '^(killed|exited 137|exited 143)$' <<<"$states"; then
     echo restart  # a preempted or killed process explains its peers' failures
+  elif grep -q '^exited 75$' <<<"$states"; then
+    echo locked  # another process writes the run folder: mpx read and wrote nothing
   elif [[ -n $failed ]]; then
     echo "failed $failed"
   elif grep -q '^no job$' <<<"$states"; then
@@ -427,7 +431,7 @@ step_watch() {
     step_install
     step_run "$@"
     echo "# no job on a worker: install, run"
-    echo "# the job stopped by a preemption (143) or killed (137) on a worker: stop, run"
+    echo "# the job stopped by a preemption (143) or killed (137) on a worker, or refused because another process writes the run folder (75): stop, run"
     step_stop
     step_run "$@"
     echo "# every worker exited 0: fetch"
@@ -498,15 +502,19 @@ step_watch() {
           restart "installing or starting the job failed (above)"
         fi
         ;;
-      restart)
-        restart "the job stopped (preempted or killed) on a worker"
+      restart | locked)
+        if [[ $job == locked ]]; then
+          restart "the run folder is being written by another process (exit status 75: its holder is named in the log, bash launch/tpu_pod.sh logs); trying again, never beside it"
+        else
+          restart "the job stopped (preempted or killed) on a worker"
+        fi
         # In processes of their own: a failed ssh (a slice going down) is checked again.
         again --grace "$grace" stop || say "stopping the job failed (above); starting it anyway"
         again run -- "$@" || say "starting the job failed (above); checking again in $interval s"
         ;;
       failed*)
         again --grace "$grace" stop || say "stopping the other workers' jobs failed (above)"
-        say "the job failed with status ${job#failed } (1 failed, 2 error, 3 refused: see launch/README.md); its log: bash launch/tpu_pod.sh logs. Fix the cause, then run watch again: the run continues from its checkpoints"
+        say "the job failed with status ${job#failed } (1 failed, 2 error, 3 refused, 4 storage: see launch/README.md); its log: bash launch/tpu_pod.sh logs. Fix the cause, then run watch again: the run continues from its checkpoints"
         exit "${job#failed }"
         ;;
       unknown)

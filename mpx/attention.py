@@ -11,6 +11,7 @@ row with no allowed key returns zeros rather than NaN. `docs/functional.md` is t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 
@@ -65,6 +66,50 @@ IMPLEMENTATIONS = ("reference", "jax", "cudnn")
 # mpx's names for the `implementation=` values of `jax.nn.dot_product_attention`.
 _FUSED_BACKENDS = {"jax": "xla", "cudnn": "cudnn"}
 _CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class CudnnForm:
+  """How the fused path hands the attention to `jax.nn.dot_product_attention`: the
+  conditions jax's and cuDNN's trackers name for cuDNN's kernel with a bias under vmap.
+  Every form computes the same attention (the XLA backend takes them all).
+
+  bias_dtype: "float32" (the prior unrounded) or "inputs": q's dtype, the bf16 bias cuDNN
+    computes with (an f32 bias with bf16 q, k, v gave NaN on some XLA versions).
+  finite: the hard masks folded into the bias as `FINITE_NEGATIVE`, and the bias clipped
+    there: no boolean mask and no −inf reaches the kernel.
+  full_bias: the bias materialised per example and head, `[B, H, Nq, Nk]` (jax's batching
+    rule reshapes a vmapped bias to that size); False hands `[1, H, Nq, Nk]` where it does
+    not vary over the batch.
+  seq_lengths: full-length `query_seq_lengths` / `key_value_seq_lengths` (keywords of
+    `jax.nn.dot_product_attention` in jax 0.10 and 0.11 alike) passed: NaN key and value
+    gradients with very negative log-sum-exps were avoided so. Shaped from q, so that they
+    carry a vmapped member axis as every other operand does (jax 0.10's batching rule
+    reshapes each to the flattened batch).
+  """
+  bias_dtype: str = "float32"
+  finite: bool = False
+  full_bias: bool = True
+  seq_lengths: bool = False
+
+
+CUDNN_FORMS = {
+    "plain": CudnnForm(),
+    "bf16_bias": CudnnForm(bias_dtype="inputs"),
+    "finite": CudnnForm(finite=True),
+    "broadcast_bias": CudnnForm(full_bias=False),
+    "seq_lengths": CudnnForm(seq_lengths=True),
+    "all": CudnnForm(bias_dtype="inputs", finite=True, seq_lengths=True),
+}
+# The form implementation="cudnn" uses. The device probes (benchmarks/accelerator_check,
+# stage cudnn) compare each form with the reference attention under the engine's
+# jit(vmap(value_and_grad)); once one matches, name it here (and the experiments may lift
+# their refusal of attention="cudnn").
+CUDNN_FORM = CUDNN_FORMS["plain"]
+# What `finite` puts where a hard mask hides a key: exp(−1e4) is 0 in float32, and the
+# sum of two such values stays finite in bf16 (jax's own value, −2⁴¹, overflows there).
+FINITE_NEGATIVE = -1e4
 
 _TORCH_LAYOUT = (
     "q, k, v look like PyTorch's [batch, heads, tokens, head_dim] (heads and tokens "
@@ -324,6 +369,7 @@ def attention_weights(q: Array, k: Array, mask_logits: Array | None = None, *,
                   query_offset)
 
 
+@jax.named_scope("masked_attention")  # Names its ops in profiles (benchmarks/xla_trace.py).
 def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = None, *,
                      mask: Array | None = None, bias: Array | None = None,
                      causal: bool = False, padding_mask: Array | None = None,
@@ -366,7 +412,8 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
         gradients, jax-ml/jax#32242). cuDNN trains with a prior or hard mask only at
         an even token count: an odd one (ViT-Tiny at 224 px has 197 tokens) gets one
         more key, hidden by the mask, and one more query, dropped; the result is the
-        same. cuDNN's head-dim limits (a multiple of 8, <= 128 before Hopper and <= 256
+        same. How the bias reaches cuDNN is `CUDNN_FORM` (a `CudnnForm`). cuDNN's
+        head-dim limits (a multiple of 8, <= 128 before Hopper and <= 256
         from it) raise jax's NotImplementedError.
 
   Returns:
@@ -410,30 +457,60 @@ def _check_cudnn(q: Array, k: Array, v: Array) -> None:
 
 
 def _masked_attention_fused(q, k, v, mask_logits, mask, bias, causal, padding_mask,
-                            query_offset, backend, pad_odd=None):
-  """Routes through `jax.nn.dot_product_attention(implementation=backend)`.
+                            query_offset, backend, pad_odd=None, form=None):
+  """Routes through `jax.nn.dot_product_attention(implementation=backend)`, its operands
+  prepared by `_fused_operands`; `form` defaults to `CUDNN_FORM` for cuDNN, the plain form
+  otherwise; `pad_odd` (default: for cuDNN) evens out odd token counts (`_pad_to_even`)."""
+  if form is None:
+    form = CUDNN_FORM if backend == "cudnn" else CUDNN_FORMS["plain"]
+  if pad_odd is None:
+    pad_odd = backend == "cudnn"
+  (q_BQHD, k_BKHD, v_BKHD, bias_BHQK, allowed_BHQK, lengths,
+   visible_BHQ) = _fused_operands(q, k, v, mask_logits, mask, bias, causal, padding_mask,
+                                  query_offset, pad_odd, form)
+  out_BQHD = jax.nn.dot_product_attention(q_BQHD, k_BKHD, v_BKHD, bias=bias_BHQK,
+                                          mask=allowed_BHQK, implementation=backend,
+                                          **lengths)[:, :q.shape[-3]]
+  if visible_BHQ is not None:  # Match the reference: rows with no visible key give zeros.
+    out_BQHD = jnp.where(visible_BHQ.transpose(0, 2, 1)[..., None], out_BQHD, 0)
+  return out_BQHD.reshape(q.shape[:-1] + v.shape[-1:])
 
-  jax wants one batch dim and 4-D bias and mask, so both are broadcast in full. The bias
-  stays float32: both backends take a bias of any dtype, and a bf16 bias would round the
-  prior. `pad_odd` (default: for cuDNN) evens out odd token counts (`_pad_to_even`).
-  """
+
+def _fused_operands(q, k, v, mask_logits, mask, bias, causal, padding_mask, query_offset,
+                    pad_odd: bool, form: CudnnForm):
+  """`(q, k, v, bias, mask, seq lengths, visible)` as `jax.nn.dot_product_attention`
+  takes them in `form`: one batch dim, 4-D bias and mask, `{}` or the keyword seq lengths;
+  `visible` `[B, H, Nq]` marks the query rows with a visible key (None: all)."""
   n_q, num_heads, n_k = q.shape[-3], q.shape[-2], k.shape[-3]
   shape_BHQK = q.shape[:-3] + (num_heads, n_q, n_k)
   flat = lambda x: x.reshape((-1,) + x.shape[-3:])
   full = lambda x: jnp.broadcast_to(x, shape_BHQK).reshape((-1, num_heads, n_q, n_k))
+  one = lambda x: jnp.broadcast_to(x.reshape(x.shape[-min(x.ndim, 3):]),
+                                   shape_BHQK[-3:])[None]  # [1, H, Nq, Nk].
   total_bias = _logit_bias(mask_logits, bias, n_q, query_offset)
-  total_bias = None if total_bias is None else full(total_bias)
+  if total_bias is not None:
+    per_example = any(d != 1 for d in total_bias.shape[:-3])
+    total_bias = full(total_bias) if form.full_bias or per_example else one(total_bias)
   allowed = _allowed_BHQK(n_q, n_k, causal, query_offset, padding_mask, mask)
   allowed = None if allowed is None else full(allowed)
+  visible = None if allowed is None else jnp.any(allowed, axis=-1)
   args = flat(q), flat(k), flat(v), total_bias, allowed
-  if (backend == "cudnn") if pad_odd is None else pad_odd:
+  if pad_odd:
     args = _pad_to_even(*args)
-  out_BQHD = jax.nn.dot_product_attention(*args[:3], bias=args[3], mask=args[4],
-                                          implementation=backend)[:, :n_q]
-  if allowed is not None:  # Match the reference: rows with no visible key give zeros.
-    out_BQHD = jnp.where(jnp.any(allowed, axis=-1).transpose(0, 2, 1)[..., None],
-                         out_BQHD, 0)
-  return out_BQHD.reshape(q.shape[:-1] + v.shape[-1:])
+  q_BQHD, k_BKHD, v_BKHD, total_bias, allowed = args
+  if form.finite and (total_bias is not None or allowed is not None):
+    total_bias = jnp.maximum(0.0 if total_bias is None else total_bias, FINITE_NEGATIVE)
+    if allowed is not None:
+      total_bias = jnp.where(allowed, total_bias, FINITE_NEGATIVE)
+    allowed = None
+  if total_bias is not None and form.bias_dtype == "inputs":
+    total_bias = total_bias.astype(q.dtype)
+  lengths = {}
+  if form.seq_lengths:  # From q: under vmap they carry the member axis too.
+    zero_B = jax.lax.stop_gradient(q_BQHD[:, 0, 0, 0]).astype(jnp.int32) * 0
+    lengths = dict(query_seq_lengths=zero_B + q_BQHD.shape[1],
+                   key_value_seq_lengths=zero_B + k_BKHD.shape[1])
+  return q_BQHD, k_BKHD, v_BKHD, total_bias, allowed, lengths, visible
 
 
 def _pad_to_even(q_BQHD, k_BKHD, v_BKHD, bias_BHQK, allowed_BHQK):

@@ -23,6 +23,12 @@ sharding), numpy arrays, numpy scalars and Python scalars. Typed PRNG key arrays
 refused: store `jax.random.key_data(key)` (uint32) and rewrap it with
 `jax.random.wrap_key_data` after `restore`.
 
+Storage faults come as one `StorageError` naming the path and the cause (a full disk, a
+denied permission, a bucket refusing a write), never as Orbax's or tensorstore's own
+exceptions; a finalised checkpoint that does not restore completely (damaged, partial or
+undecodable bytes) as a `DamagedCheckpoint` naming its step: `check_intact` finds one
+before a run resumes, `set_aside` moves it out of the steps Orbax lists, kept to inspect.
+
 A SIGTERM handler should set a flag that the training loop checks between chunks, not
 call `save` itself: a signal arriving during a save would otherwise start a second one.
 """
@@ -30,10 +36,13 @@ call `save` itself: a signal arriving during a save would otherwise start a seco
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
-from typing import Any
+import re
+import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -44,6 +53,104 @@ PyTree = Any
 
 _STATE = "state"
 _CONFIG = "config"
+
+
+class StorageError(OSError):
+  """Checkpoints could not be written or read because of the storage: `path` names where,
+  `cause` why (one line), `fix` what to do where the message says more than "fix the
+  storage"."""
+
+  def __init__(self, message: str, *, path: str, cause: str, fix: str | None = None):
+    super().__init__(message)
+    self.path, self.cause, self.fix = path, cause, fix
+
+
+class DamagedCheckpoint(StorageError):
+  """Finalised checkpoint `step` does not restore completely: damaged, partial or
+  undecodable bytes (an older step may still restore)."""
+
+  def __init__(self, directory: str, step: int, cause: str):
+    path = os.path.join(directory, str(step))  # os.path.join keeps a gs:// URL whole.
+    super().__init__(f"checkpoint step {step} in {directory} does not restore: {cause}",
+                     path=path, cause=cause)
+    self.directory, self.step = directory, step
+
+
+# Errors of the storage itself, by errno (Python's own file writes and reads).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM,
+                            errno.EROFS, errno.EIO, errno.EFBIG})
+# tensorstore's errors are ValueErrors whose message starts with an absl status code.
+_STATUS = re.compile(r"^([A-Z_]{5,}): ")
+# Reading a finalised step: what says its bytes are wrong (damaged, partial, undecodable).
+_DAMAGE_STATUS = frozenset({"DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PRECONDITION"})
+# What else says the storage failed (full, refused, unreachable), not the caller.
+_STORAGE_STATUS = _DAMAGE_STATUS | {"RESOURCE_EXHAUSTED", "PERMISSION_DENIED",
+                                    "UNAUTHENTICATED", "UNAVAILABLE", "DEADLINE_EXCEEDED",
+                                    "ABORTED", "INTERNAL", "UNKNOWN"}
+_PAYLOAD = re.compile(r"\s*\[\w+='[^']*'\]")  # tensorstore's [tensorstore_spec='...'] etc.
+
+
+def _status(error: BaseException) -> str | None:
+  match = _STATUS.match(str(error)) if isinstance(error, ValueError) else None
+  return match.group(1) if match else None
+
+
+def storage_cause(error: BaseException) -> str | None:
+  """One line saying why the storage failed, or None where `error` is no storage fault:
+  an OSError of the storage (no space, permission denied, read-only, I/O error; or one
+  without an errno, as gcsfs raises for a refused request), or a tensorstore status."""
+  if isinstance(error, OSError) and not isinstance(error, (FileNotFoundError,
+                                                            FileExistsError)):
+    if error.errno in STORAGE_ERRNOS:
+      return os.strerror(error.errno)
+    if error.errno is None and type(error) is OSError:  # gcsfs: "Forbidden: PATH\n..."
+      return str(error).strip().splitlines()[0] if str(error).strip() else "OSError"
+    return None
+  status = _status(error)
+  if status not in _STORAGE_STATUS:
+    return None
+  message = _PAYLOAD.sub("", str(error))
+  code = re.search(r"\[os_error_code='?(\d+)'?\]", str(error))
+  if code:
+    return os.strerror(int(code.group(1)))
+  detail = message.rpartition('": ')[2]  # What the innermost file's error says.
+  files = re.findall(r'"([^"]+)"', message)
+  where = f" in {files[-1]}" if files and files[-1] not in detail else ""
+  return f"{status}: {detail.removeprefix(status + ': ')}{where}"
+
+
+def _damage_cause(error: BaseException) -> str | None:
+  """Why a finalised step's bytes do not restore, or None where `error` is no damage: a
+  file of it missing, undecodable (bad UTF-8, JSON), a tensorstore read saying so, or an
+  I/O error reading it."""
+  if isinstance(error, (UnicodeDecodeError, json.JSONDecodeError)):
+    return f"{type(error).__name__}: {error}"
+  if isinstance(error, KeyError):  # Orbax: an item folder of the step is missing.
+    return f"an item is missing: {error.args[0] if error.args else error}"
+  if isinstance(error, FileNotFoundError):
+    return f"a file is missing: {error.filename or error}"
+  if isinstance(error, OSError) and error.errno == errno.EIO:
+    return storage_cause(error)
+  if _status(error) in _DAMAGE_STATUS or "[os_error_code='5']" in str(error):
+    return storage_cause(error)
+  return None
+
+
+def _reading(directory: str, step: int, read: Callable[[], Any]) -> Any:
+  """`read()` of finalised `step`, its failures as DamagedCheckpoint (the step's bytes)
+  or StorageError (the storage); any other error is raised as it is."""
+  try:
+    return read()
+  except Exception as error:  # Orbax and tensorstore raise many types: sorted here.
+    damage = _damage_cause(error)
+    if damage is not None:  # Its files named within the step's folder.
+      damage = damage.replace(os.path.join(directory, str(step), ""), "")
+      raise DamagedCheckpoint(directory, step, damage) from error
+    cause = storage_cause(error)
+    if cause is None:
+      raise
+    raise StorageError(f"reading checkpoint step {step} in {directory} failed: {cause}",
+                       path=os.path.join(directory, str(step)), cause=cause) from error
 
 
 def _item_handlers() -> dict[str, Any]:
@@ -189,6 +296,7 @@ class Checkpointer:
       raise ValueError(f"max_to_keep must be an int >= 1 or None (keep all); got {max_to_keep!r}.")
     self.directory = _absolute(directory)
     self._manager = _manager(self.directory, read_only=False, max_to_keep=max_to_keep)
+    self._failed = False  # A save failed: closing re-raises its error, already raised.
 
   def save(self, step: int, state: PyTree, config: dict) -> None:
     """Writes a checkpoint and returns once it is finalised on disk.
@@ -210,10 +318,19 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return
     state = jax.tree.map(_for_orbax, state)
-    self._manager.save(step, args=ocp.args.Composite(
-        **{_STATE: ocp.args.StandardSave(state), _CONFIG: ocp.args.JsonSave(config)}),
-                       force=True)
-    self._manager.wait_until_finished()
+    try:
+      self._manager.save(step, args=ocp.args.Composite(
+          **{_STATE: ocp.args.StandardSave(state), _CONFIG: ocp.args.JsonSave(config)}),
+                         force=True)
+      self._manager.wait_until_finished()
+    except Exception as error:  # Orbax and tensorstore raise many types: sorted here.
+      cause = storage_cause(error)
+      if cause is None:
+        raise
+      self._failed = True
+      path = os.path.join(self.directory, str(step))
+      raise StorageError(f"writing checkpoint step {step} to {path} failed: {cause}",
+                         path=path, cause=cause) from error
 
   def all_steps(self) -> list[int]:
     """The finalised steps, oldest first."""
@@ -237,10 +354,12 @@ class Checkpointer:
     step = self._resolve_step(step)
     _check_leaf_types(target, "target")
     where = f"checkpoint step {step} in {self.directory}"
-    _check_against_checkpoint(target, self._manager.item_metadata(step)[_STATE], where)
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        **{_STATE: ocp.args.StandardRestore(jax.tree.map(_restore_target, target)),
-           _CONFIG: ocp.args.JsonRestore()}))
+    _check_against_checkpoint(target, _state_metadata(self._manager, self.directory, step),
+                              where)
+    restored = _reading(self.directory, step, lambda: self._manager.restore(
+        step, args=ocp.args.Composite(
+            **{_STATE: ocp.args.StandardRestore(jax.tree.map(_restore_target, target)),
+               _CONFIG: ocp.args.JsonRestore()})))
     # Rebuild on the target's own treedef, matching leaves by path, so the result has the
     # target's containers (NamedTuples, optax states, flax structs) whatever Orbax returns.
     by_path = {_path_names(path): leaf for path, leaf
@@ -261,7 +380,7 @@ class Checkpointer:
     Every process reads the whole state."""
     step = self._resolve_step(step)
     stored = {_path_names(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(
-        self._manager.item_metadata(step)[_STATE])[0]}
+        _state_metadata(self._manager, self.directory, step))[0]}
 
     def as_stored(path, leaf):
       if isinstance(leaf, (bool, int, float)) or not np.ndim(leaf):
@@ -284,7 +403,11 @@ class Checkpointer:
 
   def close(self) -> None:
     """Waits for Orbax's background work and releases the manager."""
-    self._manager.close()
+    try:
+      self._manager.close()
+    except Exception:  # After a failed save: its error again, raised once already.
+      if not self._failed:
+        raise
 
   def __enter__(self) -> "Checkpointer":
     return self
@@ -305,17 +428,58 @@ def _check_step(step) -> int:
   return int(step)
 
 
-def latest_step(directory: str | os.PathLike) -> int | None:
-  """The latest finalised step in `directory` (None: none, or no such folder), read-only:
-  checking a run folder writes nothing into it."""
+def all_steps(directory: str | os.PathLike) -> list[int]:
+  """The finalised steps in `directory`, oldest first (none where there is no such
+  folder), read-only: checking a run folder writes nothing into it."""
   directory = _absolute(directory)
   if not epath.Path(directory).is_dir():
-    return None
+    return []
   manager = _manager(directory, read_only=True)
   try:
-    return manager.latest_step()
+    return sorted(manager.all_steps())
   finally:
     manager.close()
+
+
+def latest_step(directory: str | os.PathLike) -> int | None:
+  """The latest finalised step in `directory` (None: none, or no such folder), read-only."""
+  steps = all_steps(directory)
+  return steps[-1] if steps else None
+
+
+def _state_metadata(manager: ocp.CheckpointManager, directory: str, step: int) -> PyTree:
+  """The stored state's tree of array metadata; a step without it is damaged."""
+  stored = _reading(directory, step, lambda: manager.item_metadata(step)[_STATE])
+  if stored is None or not jax.tree_util.tree_leaves(stored):
+    raise DamagedCheckpoint(directory, step, f"its {_STATE} has no metadata (missing or "
+                            "unreadable _METADATA)")
+  return stored
+
+
+def check_intact(directory: str | os.PathLike, step: int) -> dict:
+  """Reads finalised checkpoint `step` whole (its config and every array, onto the host,
+  as the checkpoint stores them) and returns its config: a step that does not restore
+  completely raises DamagedCheckpoint before anything depends on it. Read-only."""
+  directory = _absolute(directory)
+  manager = _manager(directory, read_only=True)
+  try:
+    stored = _state_metadata(manager, directory, step)
+    target = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), stored)
+    restored = _reading(directory, step, lambda: manager.restore(step, args=ocp.args.Composite(
+        **{_STATE: ocp.args.StandardRestore(target), _CONFIG: ocp.args.JsonRestore()})))
+    return dict(restored[_CONFIG])
+  finally:
+    manager.close()
+
+
+def set_aside(directory: str | os.PathLike, step: int) -> str:
+  """Renames finalised checkpoint `step` to `<step>.damaged-<UTC time>` in the same
+  folder, where Orbax lists no step (and removes nothing): kept to inspect, never
+  restored. Returns its new path."""
+  source = epath.Path(_absolute(directory)) / str(step)
+  target = source.parent / f"{step}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+  source.rename(target)
+  return os.fspath(target)
 
 
 def restore_config(directory: str | os.PathLike, step: int | None = None) -> dict:
@@ -336,8 +500,8 @@ def restore_config(directory: str | os.PathLike, step: int | None = None) -> dic
     elif _check_step(step) not in steps:
       raise FileNotFoundError(
           f"No checkpoint for step {step} in {directory}; it holds steps {steps}.")
-    restored = manager.restore(step, args=ocp.args.Composite(
-        **{_CONFIG: ocp.args.JsonRestore()}))
+    restored = _reading(directory, step, lambda: manager.restore(
+        step, args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()})))
     return dict(restored[_CONFIG])
   finally:
     manager.close()

@@ -93,37 +93,70 @@ def _prior_command(args) -> int:
 
 def _run_command(args) -> int:
   from mpx.sweep import config as config_lib
+  from mpx.sweep import lock as lock_lib
   from mpx.sweep import run as run_lib
   experiment = config_lib.load_experiment(args.experiment)
-  from mpx.sweep import run_folder
   overrides = [*(args.set or ()), *([f"select={args.select}"] if args.select else [])]
   try:
-    summary = run_lib.run_experiment(experiment, preset=args.preset, overrides=overrides,
-                                     out_dir=args.out, resume=args.resume)
+    run_lib.run_experiment(experiment, preset=args.preset, overrides=overrides,
+                           out_dir=args.out, resume=args.resume,
+                           finish=lambda summary: _draw_plots(summary, args.plots))
+  except lock_lib.Locked as e:  # Another process writes the folder: try again later.
+    print(f"mpx run: locked: {e}", file=sys.stderr)
+    return run_lib.LOCKED_EXIT_CODE
   except run_lib.Preempted as e:
-    again = ("the same command" if args.resume == RESUME_AUTO
-             else "the same command and --resume (or --resume=auto)")
-    print(f"mpx run: {e} Continue with {again}.", file=sys.stderr)
+    print(f"mpx run: {e} Continue with {_again(args)}.", file=sys.stderr)
     return e.exit_code
-  except KeyboardInterrupt:  # A second Ctrl-C: stopped without saving.
-    print("mpx run: stopped by a second Ctrl-C; the steps since the last checkpoint are "
-          "lost. Continue from it with the same command and --resume (or --resume=auto).",
+  except KeyboardInterrupt:  # Outside training (a second Ctrl-C in it exits at once).
+    again = ("the same command" if args.resume == RESUME_AUTO
+             else f"the same command with --resume={RESUME_AUTO}")
+    print("mpx run: stopped by Ctrl-C outside training (while the run was set up or its "
+          f"summary written), so no training was lost; {again} starts or continues it.",
           file=sys.stderr)
     return run_lib.INTERRUPTED_EXIT_CODE
-  from mpx.sweep import distributed
-  if not distributed.is_primary():  # Process 0 writes the run's files.
-    return 0
-  run_dir, local_dir = summary["run_dir"], summary["local_dir"]
-  if not args.plots:
-    print(f"no plots (--no-plots): `mpx plot {run_dir}` draws them", file=sys.stderr)
-    return 0
-  try:  # Drawn by default: summary.md links plots/overview.png.
-    from mpx import plotting
-    print(f"plots: {_plots_line(plotting.plot_run(local_dir), run_dir)}", file=sys.stderr)
-  except (ImportError, ValueError) as e:  # The run itself succeeded: say why, exit 0.
-    print(f"no plots: {e}", file=sys.stderr)
-  run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
   return 0
+
+
+def _draw_plots(summary: dict, plots: bool) -> None:
+  """The run's figures (process 0, while the run still holds its folder)."""
+  from mpx.sweep import distributed
+  from mpx.sweep import run_folder
+  if not distributed.is_primary():  # Process 0 writes the run's files.
+    return
+  run_dir, local_dir = summary["run_dir"], summary["local_dir"]
+  if not plots:
+    print(f"no plots (--no-plots): `mpx plot {run_dir}` draws them", file=sys.stderr)
+  else:
+    try:  # Drawn by default: summary.md links plots/overview.png.
+      from mpx import plotting
+      print(f"plots: {_plots_line(plotting.plot_run(local_dir), run_dir)}", file=sys.stderr)
+    except (ImportError, ValueError) as e:  # The run itself succeeded: say why, exit 0.
+      print(f"no plots: {e}", file=sys.stderr)
+    run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
+  print(f"summary: {run_dir}/summary.md", file=sys.stderr)  # The last line: where to look.
+
+
+def _again(args) -> str:
+  """How to continue a run that stopped: the same command, which must resume."""
+  return ("the same command" if args.resume == RESUME_AUTO
+          else "the same command and --resume (or --resume=auto)")
+
+
+def _run_reporting_storage_faults(args) -> int:
+  """`mpx run`, where a storage fault (a full disk, a refused write, checkpoints that do
+  not restore) ends in one line and exit status 4, and the libraries' thread errors go to
+  a log file that line names (`mpx.sweep.storage`)."""
+  from mpx.sweep import run as run_lib
+  from mpx.sweep import storage
+  with storage.background_errors_to_log() as errors:
+    try:
+      return _run_command(args)
+    except OSError as e:
+      line = storage.fault_line(e, errors, _again(args))
+      if line is None:
+        raise
+      print(line, file=sys.stderr)
+      return run_lib.STORAGE_EXIT_CODE
 
 
 def _plot_command(args) -> int:
@@ -294,6 +327,14 @@ exit status:
        dependency missing (one line naming its install); nothing was written
   3    refused: the run directory holds another run (another config, or progress a fresh
        start would overwrite), or --resume found nothing to continue; nothing was written
+  4    storage: a full disk, a denied permission, a bucket refusing a write, or a group
+       none of whose checkpoints restores (one line: the path, the cause, the log of the
+       libraries' thread errors); fix it, then run the same command again. A damaged
+       newest checkpoint alone is no fault: it is set aside, the run resumes from the
+       newest one that restores
+  75   locked: another process is writing the run directory (its host, pid, start and
+       command are named); nothing was read or written. Run the same command once it has
+       ended (a lock whose process died is taken over: see docs/sweeps.md)
   130  interrupted: Ctrl-C, the state is checkpointed as for SIGTERM (a second Ctrl-C
        stops at once, without saving); run the same command again
   143  preempted: SIGTERM, the state is checkpointed; run the same command again
@@ -338,7 +379,7 @@ def make_parser() -> argparse.ArgumentParser:
   run.add_argument("--distributed", action="store_true",
                    help="join a multi-process run (jax.distributed; also MPX_DISTRIBUTED=1): "
                         "see launch/README.md")
-  run.set_defaults(func=_run_command)
+  run.set_defaults(func=_run_reporting_storage_faults)
 
   plot = sub.add_parser("plot", help="draw a run's curves into RUN_DIR/plots")
   plot.add_argument("run_dir", help="a run folder: the --out of `mpx run`")
@@ -363,14 +404,10 @@ def make_parser() -> argparse.ArgumentParser:
   return parser
 
 
-# Optional dependencies → the extra of setup.cfg that installs them.
-EXTRAS = {"tensorflow_datasets": "vision", "grain": "vision", "sklearn": "vision",
-          "tokenizers": "text", "gcsfs": "gcs", "tensorboardX": "tensorboard", "torch": "bench"}
-
-
 def _missing_dependency(e: ImportError) -> str | None:
   """One line naming the install for an optional dependency that is missing; None for
   any other ImportError (a bug in mpx keeps its traceback)."""
+  from mpx.sweep.config import EXTRAS  # Optional package → the extra that installs it.
   name = (e.name or "").partition(".")[0]
   if "pip install" in str(e):  # mpx's own message names the install already.
     return str(e)

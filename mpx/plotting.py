@@ -6,7 +6,8 @@ the unit the summary's tables give it (accuracies in %); a line is one scheme an
 (`report.cell_key`), named by the values that tell the scheme's groups apart, dashed per
 group and marked with hollow markers of its own shape, so lines that coincide stay
 visible; heatmaps name their tokens (`token_labels`). The `*_figure` functions return the
-figure, the `plot_*` functions write PNG files.
+figure, the `plot_*` functions write PNG files. A figure of a metric says in its title what
+the metric measures, in the words of the summary's legend (`report.metric_description`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import math
 import pathlib
 import re
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -85,6 +87,23 @@ def _unit(metric: str) -> tuple[float, str]:
   if report.is_percent_metric(metric):
     return 100.0, f"{metric} (%)"
   return 1.0, metric
+
+
+TITLE_WIDTH = 72  # Characters per line of a metric's description in a title.
+TITLE_LINE = 0.17  # Inches a line of a "small" title takes.
+
+
+def described(head: str, metric: str) -> str:
+  """A title: `head`, then what `metric` measures (`report.metric_description`, wrapped),
+  so a figure means what the summary's legend says; `head` alone where nothing describes
+  the metric."""
+  text = report.metric_description(metric)
+  return head if text is None else head + "\n" + textwrap.fill(text, TITLE_WIDTH)
+
+
+def _title_height(title: str) -> float:
+  """Inches above a panel for `title` in the "small" font."""
+  return 0.15 + TITLE_LINE * (title.count("\n") + 1)
 
 
 PERCENT_LIMITS = (-3.0, 103.0)  # The whole scale in every figure, a marker's room beyond.
@@ -256,9 +275,11 @@ def _over_training(curves, task: str) -> bool:
 
 def curve_figure(curves, task: str, metric: str, varying: Sequence[str],
                  colors: Mapping[str, str], title: str):
-  """One metric of one task over training: a line per cell of `curves` (`_curves`)."""
+  """One metric of one task over training: a line per cell of `curves` (`_curves`),
+  `title` above the metric's description."""
   scale, label = _unit(metric)
-  fig, ((ax,),) = subplots(1, 1, (6.4, 4.2), right=0.2, bottom=0.55, top=0.4)
+  title = described(title, metric)
+  fig, ((ax,),) = subplots(1, 1, (6.4, 4.2), right=0.2, bottom=0.55, top=_title_height(title))
   _draw_lines(ax, {cell: _band(steps, values, scale)
                    for cell, (steps, values) in curves.items() if cell[0] == task},
               varying, colors)
@@ -266,7 +287,7 @@ def curve_figure(curves, task: str, metric: str, varying: Sequence[str],
     ax.set_ylim(*PERCENT_LIMITS)
   ax.set_xlabel("training step")
   ax.set_ylabel(label)
-  ax.set_title(title)
+  ax.set_title(title, fontsize="small")
   return fig
 
 
@@ -400,7 +421,7 @@ def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
   scale, label = _unit(metric)
   mine = [m for m in members if m["task"] == task]
   cells = list(dict.fromkeys(report.cell_key(m) for m in mine))
-  ticks = []
+  ticks, with_paper = [], False
   for x, cell in enumerate(cells):
     seeds = [m for m in mine if report.cell_key(m) == cell]
     values_S = np.array([v for m in seeds if not m["diverged"]
@@ -412,6 +433,7 @@ def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
     value = _number(paper.get(task, {}).get(cell[1], {}).get(metric))
     if value is not None:  # Across the bar, so a mean reads off against it.
       ax.hlines(scale * value, x - 0.3, x + 0.3, color=PAPER_COLOR, linewidth=2.5, zorder=4)
+      with_paper = True
     n_diverged = sum(bool(m["diverged"]) for m in seeds)
     name = report.cell_label(cell, varying, "\n")
     ticks.append(f"{name}\nn={len(seeds)}" + (f" ({n_diverged} diverged)" if n_diverged
@@ -423,8 +445,9 @@ def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
     ax.use_sticky_edges = False  # A margin beyond the bars, so a paper value 0 shows.
     ax.autoscale_view()
   ax.set_ylabel(label)
-  ax.set_title(f"{task}: final {metric}: seeds (points), mean (bar), paper (black)",
-               fontsize="medium")
+  ax.set_title(described(f"{task}: final {metric}: seeds (points), mean (bar)"
+                         + (", paper (black)" if with_paper else ""), metric),
+               fontsize="small")
 
 
 def _fidelity_curves(records, members, task) -> dict:
@@ -447,8 +470,9 @@ def _fidelity_panel(ax, curves, varying, task, colors) -> None:
   _draw_lines(ax, {cell: _band(*curve) for cell, curve in curves.items()}, varying, colors)
   ax.set_ylim(0.0, 1.02)
   ax.set_xlabel("training step")
-  ax.set_ylabel("fidelity (attention mass on the prior)")
-  ax.set_title(f"{task}: prior fidelity, mean over seeds, min–max band", fontsize="medium")
+  ax.set_ylabel(_unit("fidelity")[1])
+  ax.set_title(described(f"{task}: prior fidelity, mean over seeds, min–max band", "fidelity"),
+               fontsize="small")
 
 
 def overview_figure(summary, records, metric: str, colors: Mapping[str, str]):
@@ -461,8 +485,9 @@ def overview_figure(summary, records, metric: str, colors: Mapping[str, str]):
   cols = 2 if any(curves.values()) else 1
   lines = 2 + max(len(keys) for keys in varying.values())  # Of a strip's tick labels.
   ticks = 0.2 + 0.17 * lines
-  fig, axes = subplots(len(tasks), cols, (6.4 * cols, 3.8 * len(tasks)),
-                       bottom=0.3 + ticks, top=0.7, wspace=0.9, hspace=0.6 + ticks)
+  titles = max(_title_height(described("", m)) for m in (metric, "fidelity"))
+  fig, axes = subplots(len(tasks), cols, (6.4 * cols, 3.8 * len(tasks)), bottom=0.3 + ticks,
+                       top=0.3 + titles, wspace=0.9, hspace=0.2 + titles + ticks)
   for row, task in zip(axes, tasks):
     _strip_panel(row[0], members, varying[task], task, metric, paper, colors)
     if cols == 2 and curves[task]:
@@ -516,8 +541,8 @@ def sensitivity_figure(summary, hparam: str, metric: str, colors: Mapping[str, s
                      f"a finite {metric}; nothing to plot (pass another metric).")
   scale, label = _unit(metric)
   tasks = list(dict.fromkeys(m["task"] for m in members))
-  fig, axes = subplots(1, len(tasks), (5.6 * len(tasks), 4.2), right=0.2, bottom=0.65, top=0.4,
-                       wspace=0.9)
+  fig, axes = subplots(1, len(tasks), (5.6 * len(tasks), 4.2), right=0.2, bottom=0.65,
+                       top=_title_height(described("", metric)), wspace=0.9)
   for ax, task in zip(axes[0], tasks):
     mine = [m for m in members if m["task"] == task]
     varying = [k for k in report.distinguishing_hparams(mine) if k != hparam]
@@ -545,7 +570,7 @@ def sensitivity_figure(summary, hparam: str, metric: str, colors: Mapping[str, s
       ax.set_ylim(*PERCENT_LIMITS)
     ax.set_xlabel(AXIS_LABELS.get(hparam, hparam))
     ax.set_ylabel(label)
-    ax.set_title(f"{task}: final {metric}")
+    ax.set_title(described(f"{task}: final {metric}", metric), fontsize="small")
   return fig
 
 

@@ -5,8 +5,9 @@ A run directory holds
   metrics.jsonl  one JSON object per member per evaluation, appended and fsynced as
                  training goes, so a SIGKILL loses nothing already written;
   summary.json   {"experiment", "preset", "members", "paper"}: the final numbers;
-  summary.md     the same as a Markdown table, mpx's numbers beside the paper's, below a
-                 link to plots/overview.png;
+  summary.md     the same as Markdown tables, mpx's numbers beside the paper's, each below
+                 a legend of its columns (`METRIC_DESCRIPTIONS`), after a link to
+                 plots/overview.png;
   tensorboard/   when tensorboardX is installed (pip install mpx[tensorboard]): the
                  numeric metrics of metrics.jsonl as TensorBoard scalars.
 
@@ -304,6 +305,103 @@ def member_record(member: Mapping[str, Any], step: int, metrics: Mapping[str, An
   return record
 
 
+# ----------------------------------------------------------------------------- metrics
+
+# What each metric of mpx's families measures: one description per name, read by the
+# legend above every summary table and by every figure's title, so a metric keeps one
+# meaning everywhere. Test points are the whole cube (Boolean; seen points: the training
+# domain, unseen: the rest), the test problems (arithmetic), the held-out images (vision),
+# the evaluation windows (language). `val_NAME` is NAME on the validation split.
+METRIC_DESCRIPTIONS: dict[str, str] = {
+    # Every family.
+    "accuracy": "share of test points right: Boolean, the output's sign over the whole "
+                "cube, seen and unseen points (the paper's Boolean accuracy); vision, top-1",
+    "loss": "test loss: Boolean, squared error over the whole cube; arithmetic, the answer "
+            "tokens' cross-entropy; vision, cross-entropy; language, nats per token",
+    "mean_output": "the model's mean output over the evaluation set",
+    "train_loss": "training loss, mean over the steps since the previous evaluation",
+    # Boolean.
+    "accuracy_seen": "sign accuracy on the seen points (the training domain)",
+    "accuracy_unseen": "sign accuracy on the unseen points alone: extrapolation",
+    "accuracy_exact": "integer targets (Cyclic3): the rounded output is the target, whole cube",
+    "accuracy_exact_unseen": "integer targets (Cyclic3): the rounded output is the target, "
+                             "unseen points",
+    "loss_seen": "squared error on the seen points",
+    "loss_unseen": "squared error on the unseen points",
+    "unseen_mean_output": "mean output on the unseen points (2Parity: target +1, the "
+                          "min-degree interpolator -3)",
+    "mdi_distance_unseen": "RMS distance on the unseen points to the min-degree "
+                           "interpolator, what a model that does not extrapolate computes",
+    "target_distance_unseen": "RMS distance to the target on the unseen points",
+    "accuracy_unseen_predicted": "accuracy_unseen as the coverage hypothesis predicts it "
+                                 "before training (coverage.class_coverage)",
+    "degree_profile": "share of the learned function's Fourier weight at each degree",
+    # Arithmetic.
+    "sequence_accuracy": "share of test problems whose whole answer is right, greedy "
+                         "decoding (the paper's arithmetic accuracy)",
+    "digit_accuracy": "share of answer digits right, place by place, greedy decoding",
+    # Language.
+    "perplexity": "exp of the cross-entropy per token of the run's tokenizer, evaluation "
+                  "windows",
+    "bits_per_byte": "cross-entropy in bits per byte of text: compares tokenizers",
+    "steps_to_target": "the first evaluated step at which perplexity reached "
+                       "target_perplexity (empty where never)",
+    "reached_target": "1 where perplexity reached target_perplexity, else 0: the mean is "
+                      "the share of seeds",
+    # Persistence of the prior (every family's probe), means over layers.
+    "fidelity": "attention mass on the prior's allowed pairs, on the probe batch",
+    "fidelity_init": "fidelity at initialisation",
+    "fidelity_seen": "fidelity on the probe's seen points",
+    "fidelity_unseen": "fidelity on the probe's unseen points",
+    "drift_mask": "relative change of the mask since init, |M - M0| / |M0|",
+    "drift_mask_rms": "RMS change of the mask since init, where it starts at 0",
+    "drift_qk": "relative change of the query and key kernels since init (their mean)",
+    "drift_query": "relative change of the query kernel since init",
+    "drift_key": "relative change of the key kernel since init",
+    "grad_norm_mask": "norm of the loss's gradient in the mask, probe's seen points",
+    "grad_norm_query": "norm of the loss's gradient in the query kernel",
+    "grad_norm_key": "norm of the loss's gradient in the key kernel",
+    # Discovery: the graph or pattern stage 2 trained with, against the true one.
+    "bit_precision": "share of the discovered graph's support bits that the target reads",
+    "bit_recall": "share of the target's support bits the discovered graph holds",
+    "pair_precision": "share of the discovered graph's pairs that the true graph holds",
+    "pair_recall": "share of the true graph's pairs the discovered graph holds",
+    "graph_bits": "support bits of the graph the member trained with",
+    "graph_pairs": "pairs of bits of the graph the member trained with",
+    "graph_empty": "1 where the graph is empty (a neutral prior), else 0",
+    "precision": "share of the discovered pattern's open entries the hand-written one opens",
+    "recall": "share of the hand-written pattern's entries the discovered one opens",
+    "n_open": "entries the discovered pattern opens",
+}
+VALIDATION_PREFIX = "val_"
+UNDESCRIBED = ("not described (an experiment describes its own metrics with "
+               "mpx.report.describe_metrics)")
+
+
+def describe_metrics(descriptions: Mapping[str, str]) -> None:
+  """Adds your experiment's metrics to `METRIC_DESCRIPTIONS` (call it from its file), so
+  its tables and figures say what they measure. A described metric keeps its description."""
+  for name, text in descriptions.items():
+    if not isinstance(text, str) or not text:
+      raise ValueError(f"the description of metric {name!r} must be a non-empty string.")
+    if METRIC_DESCRIPTIONS.get(name, text) != text:
+      raise ValueError(f"metric {name!r} already means {METRIC_DESCRIPTIONS[name]!r}; give "
+                       "yours another name.")
+  METRIC_DESCRIPTIONS.update(descriptions)
+
+
+def metric_description(name: str) -> str | None:
+  """What metric `name` measures (`METRIC_DESCRIPTIONS`; `val_NAME`, NAME on the
+  validation split); None where nothing describes it."""
+  if name in METRIC_DESCRIPTIONS:
+    return METRIC_DESCRIPTIONS[name]
+  base = name.removeprefix(VALIDATION_PREFIX)
+  if base != name and base in METRIC_DESCRIPTIONS:
+    return (f"{base} on the validation split, which is held out of training and read only "
+            "by selection")
+  return None
+
+
 # ----------------------------------------------------------------------------- summaries
 
 
@@ -419,16 +517,42 @@ def _paper_value(paper: Mapping, task: str, scheme: str, metric: str) -> float |
   return paper.get(task, {}).get(scheme, {}).get(metric)
 
 
+def column_label(metric: str, percent: bool) -> str:
+  """A metric's column header: its name, and its unit where it is a percentage."""
+  return f"{metric} (%)" if percent else metric
+
+
+def metric_columns(metric_names: Sequence[str], percent: Iterable[str],
+                   with_paper: Iterable[str] = ()) -> list[tuple[str, str]]:
+  """(header, meaning) of each metric's column (`metric_description`) and, for those in
+  `with_paper`, of the paper's column beside it."""
+  percent, with_paper = set(percent), set(with_paper)
+  out = []
+  for m in metric_names:
+    label = column_label(m, m in percent)
+    out.append((label, metric_description(m) or UNDESCRIBED))
+    if m in with_paper:
+      out.append((f"paper {label}", f"the paper's number for {m} ({MISSING} where it "
+                                    "gives none)"))
+  return out
+
+
+def legend(columns: Sequence[tuple[str, str]]) -> str:
+  """The lines above a table that say what each of its columns holds."""
+  return "Columns:\n" + "".join(f"- `{_cell(h)}`: {text}\n" for h, text in columns)
+
+
 def format_table(rows: Sequence[Mapping[str, Any]], metric_names: Sequence[str],
                  paper: Mapping[str, Mapping[str, Mapping[str, float]]], *,
                  percent_metrics: Iterable[str] | None = None) -> str:
-  """A Markdown table of `summarize` rows, the paper's number beside each metric.
+  """A Markdown table of `summarize` rows, the paper's number beside each metric, below a
+  `legend` of its columns.
 
   Columns: task | scheme | each hparam whose value differs between rows (constant ones
   would only add noise) | seeds | per metric "mean ± std" and, when the paper reports that
-  metric for any row, a "paper" column ("—" where it gives no number). Percentage metrics
-  (`percent_metrics`, by default names `is_percent_metric` accepts) show 2 decimals of
-  percent; the rest 4 significant digits (the paper's numbers as given).
+  metric for any row, a "paper METRIC" column ("—" where it gives no number). Percentage
+  metrics (`percent_metrics`, by default names `is_percent_metric` accepts) show 2 decimals
+  of percent; the rest 4 significant digits (the paper's numbers as given).
   """
   percent = (set(percent_metrics) if percent_metrics is not None
              else {m for m in metric_names if is_percent_metric(m)})
@@ -438,11 +562,12 @@ def format_table(rows: Sequence[Mapping[str, Any]], metric_names: Sequence[str],
   with_paper = [m for m in metric_names
                 if any(_paper_value(paper, r["task"], r["scheme"], m) is not None for r in rows)]
 
-  header = ["task", "scheme", *varying, "seeds"]
-  for m in metric_names:
-    header.append(f"{m} (%)" if m in percent else m)
-    if m in with_paper:
-      header.append("paper")
+  columns = [("task", "the task"), ("scheme", "the init scheme"),
+             *((k, f"the {k} the row's members trained with") for k in varying),
+             ("seeds", "the row's members, one per seed; those that diverged (in brackets) "
+                       "are left out of the means"),
+             *metric_columns(metric_names, percent, with_paper)]
+  header = [h for h, _ in columns]
   lines = ["| " + " | ".join(_cell(h) for h in header) + " |",
            "|" + "---|" * len(header)]
   for r in rows:
@@ -461,7 +586,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], metric_names: Sequence[str],
         value = _paper_value(paper, r["task"], r["scheme"], m)
         cells.append(MISSING if value is None else _fmt_number(value, pct, exact_digits=False))
     lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-  return "\n".join(lines) + "\n"
+  return legend(columns) + "\n" + "\n".join(lines) + "\n"
 
 
 def write_summary(run_dir: str | os.PathLike, *, experiment: str, preset: str,
@@ -490,8 +615,7 @@ def write_summary(run_dir: str | os.PathLike, *, experiment: str, preset: str,
            # Drawn after this file by `mpx run` (mpx.plotting.plot_overview): linked always.
            f"{OVERVIEW_LINK}\n",
            f"{len(members)} members, {n_diverged} diverged. Mean ± population std (ddof=0) "
-           "over the seeds that did not diverge; \"paper\" is the paper's number, "
-           f"\"{MISSING}\" where it gives none.\n",
+           f"over the seeds that did not diverge; \"{MISSING}\" where a value is missing.\n",
            format_table(rows, metric_names, paper)]
   for heading, table in (extra_tables or {}).items():
     parts.append(f"## {heading}\n")

@@ -6,6 +6,7 @@ gcsfs (STORAGE_EMULATOR_HOST): the two routes a real bucket takes. Use as a fixt
 `bucket` (registered in conftest.py) gives the URL gs://mpx-test (module scope).
 """
 
+import functools
 import os
 import socket
 import sys
@@ -40,10 +41,46 @@ def _object_reads_say_their_generation():
       handlers[emulator.GET] = with_generation(get)
 
 
+def _writes_keep_their_preconditions():
+  """GCS refuses a write or delete whose `ifGenerationMatch` is not the object's generation
+  (0: absent) with 412 Precondition Failed; the emulator ignores the parameter. The run
+  folder's lock relies on it: uploads and deletes of the emulator's routes check it (one
+  request at a time: the emulator serves requests in turn, so the check is atomic)."""
+  from gcp_storage_emulator import server as emulator
+  from gcp_storage_emulator.exceptions import NotFound
+  from gcp_storage_emulator.handlers import objects
+
+  def with_precondition(handler, key_of):
+    @functools.wraps(handler)  # `__wrapped__`: tests that replace an upload route find it.
+    def write(request, response, storage, *args, **kwargs):
+      wanted, object_id = request.query.get("ifGenerationMatch"), key_of(request)
+      if wanted is not None and object_id is not None:
+        bucket_name = request.params["bucket_name"]
+        try:
+          generation = str(storage.get_file_obj(bucket_name, object_id)["generation"])
+        except NotFound:
+          generation = "0"
+        if wanted[0] != generation:
+          response.status = HTTPStatus.PRECONDITION_FAILED
+          response.json({"error": {"code": 412, "message": "Precondition Failed"}})
+          return
+      handler(request, response, storage, *args, **kwargs)
+    return write
+
+  upload = lambda request: request.query.get("name", [None])[0]
+  for _, handlers in emulator.HANDLERS:  # Uploads (objects.insert) and deletes.
+    for method, handler, key_of in ((emulator.POST, objects.insert, upload),
+                                     (emulator.DELETE, objects.delete,
+                                      lambda request: request.params["object_id"])):
+      if handlers.get(method) is handler:
+        handlers[method] = with_precondition(handler, key_of)
+
+
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory):
   from gcp_storage_emulator.server import create_server
   _object_reads_say_their_generation()
+  _writes_keep_their_preconditions()
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]

@@ -214,6 +214,7 @@ def test_tiny_preset_end_to_end(tmp_path, capsys):
   assert cli.main(["run", "arithmetic", "--preset", "tiny", "--out", str(tmp_path)]) == 0
   err = capsys.readouterr().err  # Every figure is drawn ("no plots: ..." if one fails).
   assert "plots: " in err and "no plots" not in err
+  assert err.splitlines()[-1] == f"summary: {tmp_path}/summary.md"  # The end says where.
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert {m["scheme"] for m in summary["members"]} == {"default", "mask"}
   metrics = {m["scheme"]: m["metrics"] for m in summary["members"]}

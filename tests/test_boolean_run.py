@@ -35,10 +35,40 @@ def test_evaluations_start_at_init_with_attention_maps(tiny_run):
   assert end["default"]["drift_qk"] > end["mask"]["drift_mask"]  # ... and moved least.
 
 
+def test_fit_returns_the_diagnostics_without_the_heatmaps_arrays():
+  """`run.fit`'s metrics (what a user prints) hold the probe's diagnostics but none of the
+  heatmaps' [N, N] lists (each member's prior pattern, the mapped layers' attention),
+  which `mpx run`'s records keep for its figures (above)."""
+  import dataclasses
+  import mpx.experiments.boolean_gotu as gotu
+  from mpx.sweep import config as config_lib
+  from mpx.sweep import run
+
+  def lists_of_lists(tree):
+    if isinstance(tree, dict):
+      return [k for key, value in tree.items() for k in
+              ([key] if isinstance(value, list) and value and isinstance(value[0], list)
+               else lists_of_lists(value))]
+    return []
+
+  _, config = config_lib.make_config(gotu, "tiny")
+  group, = gotu.build_groups(config)
+  assert group.probe.map_layers  # The family records attention maps for its heatmaps.
+  _, metrics = run.fit(dataclasses.replace(group, steps=2), chunk_steps=2)
+  for m in metrics:
+    assert {"fidelity", "fidelity_init", "drift_mask"} <= set(m)
+    assert {"fidelity", "drift_query"} <= set(m["layers"]["block_0"])
+    assert lists_of_lists(m) == [], lists_of_lists(m)
+
+
 def test_summary_has_the_persistence_table(tiny_run):
   md = (tiny_run / "summary.md").read_text()
   assert "## Persistence of the prior" in md
   assert "- 2parity / mask: " in md
+  # Both tables open with what their columns mean; every metric of them is described.
+  assert md.count("Columns:\n") == 2 and report.UNDESCRIBED not in md
+  assert f"- `accuracy_unseen (%)`: {report.METRIC_DESCRIPTIONS['accuracy_unseen']}\n" in md
+  assert "- `paper accuracy (%)`: the paper's number for accuracy" in md
 
 
 def test_plots_include_heatmaps_and_degree_profiles(tiny_run):

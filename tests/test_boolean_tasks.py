@@ -1,6 +1,8 @@
 """Tests for mpx.tasks.boolean: GOTU domains, splits, Fourier analysis, min-degree interpolator."""
 
 import itertools
+import subprocess
+import sys
 
 import chex
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from mpx.tasks import boolean
 from mpx.tasks.boolean import coverage as boolean_coverage
 from mpx.tasks.boolean import fourier as boolean_fourier
+from mpx.tasks.boolean import planted
 
 N = 15
 CUBE = 2**N
@@ -339,6 +342,37 @@ def _target(x):
 
 def _seen(x):
   return x[:, 1] > 0
+
+
+_NAMES_ALONE = """
+import sys
+from mpx.tasks import boolean
+names = boolean.task_names()
+boolean.register_task(boolean.make_task("mine", lambda x: x[:, 0], lambda x: x[:, 1] > 0, 4))
+assert boolean.get_task("2parity").name == "2parity" and "mine" in boolean.task_names()
+print(len(names), *sorted(m for m in sys.modules if m.startswith("mpx.")))
+"""
+
+
+def test_task_names_import_no_module_above_the_registry():
+  """The registry lists every built-in name and registers a task without importing the
+  modules that define tasks on top of it (coverage, planted: the discovery stack, the
+  planted generator); a lookup imports the one module that defines the task."""
+  out = subprocess.run([sys.executable, "-c", _NAMES_ALONE], capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  count, *modules = out.stdout.split()
+  assert int(count) == 3 + len(boolean_coverage.TASK_NAMES) + len(planted.TASK_NAMES)
+  above = [m for m in modules if m.split(".")[-1] in ("coverage", "planted", "discover",
+                                                      "graphs", "gotu", "discovery")]
+  assert not above, above
+
+
+def test_the_registry_names_the_tasks_its_modules_define():
+  assert boolean.task_names()[:3] == boolean.TASKS
+  assert boolean.task_names()[3:] == boolean_coverage.TASK_NAMES + planted.TASK_NAMES
+  for name in (boolean_coverage.TASK_NAMES[0], planted.TASK_NAMES[-1]):
+    assert boolean.get_task(name) is boolean.get_task(name) and boolean.get_task(name).name == name
 
 
 def test_get_task_unknown_name():

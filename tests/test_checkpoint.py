@@ -3,6 +3,7 @@
 import logging
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,6 +157,60 @@ def test_missing_checkpoint_raises_file_not_found(tmp_path):
       ckpt.restore(make_state(), step=4)
   with pytest.raises(FileNotFoundError, match="nowhere"):
     checkpoint.restore_config(tmp_path / "nowhere")
+
+
+def _flip_middle(path: pathlib.Path) -> None:
+  data = bytearray(path.read_bytes())
+  middle = len(data) // 2
+  data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])
+  path.write_bytes(bytes(data))
+
+
+# Damage a finalised step may come with, and (a word of) the cause it is reported with.
+DAMAGE = {
+    "flipped data": (lambda step: [_flip_middle(p) for p in (step / "state" / "d").iterdir()],
+                     "CRC-32C checksum verification failed"),
+    "truncated data": (lambda step: [p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2])
+                                     for p in (step / "state" / "d").iterdir()],
+                       "OUT_OF_RANGE"),
+    "missing metadata": (lambda step: (step / "state" / "_METADATA").unlink(),
+                         "its state has no metadata"),
+    "undecodable config": (lambda step: _flip_middle(step / "config" / "metadata"),
+                           "Error"),  # UnicodeDecodeError or JSONDecodeError.
+    "missing state": (lambda step: shutil.rmtree(step / "state"), "an item is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_step_raises_damaged_checkpoint_and_is_set_aside(tmp_path, damage):
+  """A finalised step whose bytes do not restore completely raises DamagedCheckpoint naming
+  the step and the cause, from check_intact and restore (never Orbax's or tensorstore's
+  own errors; a missing _METADATA is no changed config); the older step still restores,
+  and set_aside renames the damaged one out of the steps, unchanged."""
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    ckpt.save(1, make_state(1), CONFIG)
+    ckpt.save(2, make_state(2), CONFIG)
+  damage_step, cause = DAMAGE[damage]
+  damage_step(tmp_path / "2")
+  damaged = {p.relative_to(tmp_path / "2"): p.read_bytes()
+             for p in (tmp_path / "2").rglob("*") if p.is_file()}
+  message = rf"checkpoint step 2 in {tmp_path} does not restore: .*{cause}"
+  with pytest.raises(checkpoint.DamagedCheckpoint, match=message) as info:
+    checkpoint.check_intact(tmp_path, 2)
+  assert (info.value.step, info.value.path) == (2, str(tmp_path / "2"))
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=message):
+      ckpt.restore(zeros_like(make_state()))
+    assert_trees_identical(ckpt.restore(zeros_like(make_state()), step=1)[0], make_state(1))
+  assert checkpoint.check_intact(tmp_path, 1) == CONFIG
+  moved = pathlib.Path(checkpoint.set_aside(tmp_path, 2))
+  assert moved.parent == tmp_path and moved.name.startswith("2.damaged-")
+  assert checkpoint.all_steps(tmp_path) == [1]
+  assert {p.relative_to(moved): p.read_bytes() for p in moved.rglob("*")
+          if p.is_file()} == damaged
+  with checkpoint.Checkpointer(tmp_path) as ckpt:  # A writer leaves it alone.
+    ckpt.save(2, make_state(2), CONFIG)
+    assert ckpt.all_steps() == [1, 2] and moved.is_dir()
 
 
 def _start(code: str, **env) -> subprocess.Popen:

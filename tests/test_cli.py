@@ -73,7 +73,8 @@ def test_run_help_lists_experiments_and_presets_marking_tiny(tmp_path, monkeypat
   (tmp_path / "experiments").mkdir()
   (tmp_path / "experiments" / "mine.py").write_text(
       '"""My experiment: parity on 6 bits."""\n'
-      "Config = PAPER = METRICS = build_groups = None\n"
+      "from mpx.sweep.config import SweepConfig as Config\n"
+      "PAPER = METRICS = build_groups = None\n"
       'PRESETS = {"small": {}, "tiny": {}}\n')
   (tmp_path / "experiments" / "broken.py").write_text('raise RuntimeError("half-written")\n')
   with pytest.raises(SystemExit) as exit_info:
@@ -209,8 +210,18 @@ def test_a_bad_shared_value_names_its_config_key_in_every_family(experiment, set
   assert not out.exists()
 
 
+def _block(monkeypatch, modules) -> None:
+  """`import module` (and of its submodules) now raises ModuleNotFoundError, also where
+  an earlier test imported them (vision's digits)."""
+  for module in modules:
+    for name in [m for m in sys.modules if m.startswith(module + ".")] + [module]:
+      monkeypatch.setitem(sys.modules, name, None)
+
+
 @pytest.mark.parametrize("blocked, command, install", [
     (("sklearn",), ["run", "vision", "--preset", "tiny"], "pip install 'mpx[vision]'"),
+    # grain batches the digits too, in the feeder thread once training has begun.
+    (("grain",), ["run", "vision", "--preset", "tiny"], "pip install 'mpx[vision]'"),
     (("tokenizers",), ["run", "language", "--preset", "tiny", "--set", "tokenizer=bpe",
                        "--set", "vocab_size=300"],
      "pip install 'mpx[text]'"),
@@ -218,10 +229,7 @@ def test_a_bad_shared_value_names_its_config_key_in_every_family(experiment, set
 def test_a_missing_extra_is_one_line_naming_its_install(blocked, command, install, tmp_path,
                                                         monkeypatch, capsys):
   """Exit 2, one line, nothing written: the same for every family and for `mpx plot`."""
-  for module in blocked:  # `import module` (and of its submodules) now raises
-    # ModuleNotFoundError, also where an earlier test imported them (vision's digits).
-    for name in [m for m in sys.modules if m.startswith(module + ".")] + [module]:
-      monkeypatch.setitem(sys.modules, name, None)
+  _block(monkeypatch, blocked)
   out = tmp_path / "run"
   if command == ["plot"]:  # A finished run to draw: the toy experiment's, without figures.
     assert cli.main(["run", TOY, "--out", str(out), "--no-plots"]) == 0
@@ -236,6 +244,40 @@ def test_a_missing_extra_is_one_line_naming_its_install(blocked, command, instal
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and install in err, err
   assert (sorted(out.rglob("*")) if out.exists() else None) == before
+
+
+class _Built(Exception):
+  """Raised where a run builds its groups (after its checks, before anything is written)."""
+
+
+def test_every_preset_names_a_missing_install_before_its_data(tmp_path, monkeypatch, capsys):
+  """Every optional package missing, each preset of each built-in experiment stops before
+  it reads a data path or writes a file: in one line naming the install of the packages
+  its config needs (`SweepConfig.optional_modules`), or, needing none, where it builds its
+  groups (a data path read before that, e.g. a fingerprint's, would fail here)."""
+  from mpx.sweep import config as config_lib
+  from mpx.sweep import run as run_lib
+  _block(monkeypatch, config_lib.EXTRAS)
+  monkeypatch.setattr(run_lib, "_built", lambda *args, **kwargs: (_ for _ in ()).throw(_Built))
+  checked = []
+  for name in config_lib.available_experiments():
+    experiment = config_lib.load_experiment(name)
+    for preset in experiment.PRESETS:
+      needed = config_lib.make_config(experiment, preset)[1].optional_modules()
+      out = tmp_path / f"{name}-{preset}"
+      try:
+        cli.main(["run", name, "--preset", preset, "--out", str(out)])
+      except _Built:
+        assert not needed, (name, preset)
+      except SystemExit as e:
+        err = capsys.readouterr().err
+        assert e.code == 2 and err.count("\n") == 1, (name, preset, err)
+        assert needed and all(m in err for m in needed), (name, preset, err)
+        assert "pip install 'mpx[" in err, (name, preset, err)
+      assert not out.exists(), (name, preset)
+      checked.append((name, preset, needed))
+  needing = {(n, p) for n, p, needed in checked if needed}
+  assert {("language", "wikitext2"), ("vision", "cifar10"), ("vision", "tiny")} <= needing
 
 
 def test_an_import_error_of_mpx_itself_keeps_its_traceback(monkeypatch):

@@ -117,14 +117,16 @@ def test_the_base_flags_are_the_callers_without_mpx_defaults(monkeypatch):
 
 
 def _rows():
+  """A run's rows: the model's GFLOP per member-step (0.3524, 158.2) beside XLA's."""
   R = run.Row
-  return [R("quick", "mpx vmapped", 1, 81.008, 2.7, 0.399),
-          R("quick", "mpx vmapped", 16, 87.432, 2.6, 0.399),
-          R("quick", "mpx loop of jitted steps", 16, 79.737, 2.0, 0.395),
-          R("quick", "PyTorch reference, 2 seeds in turn", 1, 112.292, None, 0.399),
-          R("paper", "mpx vmapped", 1, 0.979, 6.8, 160.0),
-          R("paper", "mpx vmapped", 16, float("nan"), 6.5, 160.0, "skipped: needs 17 GiB"),
-          R("paper", "PyTorch reference, 2 seeds in turn", 1, 0.8, None, 160.0)]
+  return [R("quick", "mpx vmapped", 1, 81.008, 2.7, 0.3524, 0.399),
+          R("quick", "mpx vmapped", 16, 87.432, 2.6, 0.3524, 0.399),
+          R("quick", "mpx loop of jitted steps", 16, 79.737, 2.0, 0.3524, 0.395),
+          R("quick", "PyTorch reference, 2 seeds in turn", 1, 112.292, None, 0.3524),
+          R("paper", "mpx vmapped", 1, 0.979, 6.8, 158.2, 160.0),
+          R("paper", "mpx vmapped", 16, float("nan"), 6.5, 158.2, 160.0,
+            note="skipped: needs 17 GiB"),
+          R("paper", "PyTorch reference, 2 seeds in turn", 1, 0.8, None, 158.2)]
 
 
 def test_write_refreshes_the_results_file_and_the_performance_page(tmp_path):
@@ -133,7 +135,7 @@ def test_write_refreshes_the_results_file_and_the_performance_page(tmp_path):
                                 ["- fast (--fast): quick:1 faster; numbers bit for bit"])
   for line in ["Measured on a CPU, 2 core(s), 2026-12-04, commit abc1234, by `python "
                "benchmarks/run.py --write` ([experiments/results/benchmark_cpu.md]",
-               "| quick | 1 | 81.008 | 112.292 | 0.72× | 11% |",
+               "| quick | 1 | 81.008 | 112.292 | 0.72× | 10% |",  # The model's count's share.
                "| paper | 16 | skipped: needs 17 GiB | 0.800 | – | – |",
                "- quick: mpx (K = 1) / PyTorch, member-steps/s ≥ 1.00×: 0.72×, **missed**",
                "- quick: mpx (best K = 16) / PyTorch, member-steps/s ≥ 1.20×: 0.78×, "
@@ -178,11 +180,13 @@ def test_the_tiny_ab_runs_end_to_end():
 
 
 def test_the_profile_sorts_ops_by_what_they_do():
-  """profile_step.py reads the compiled program: the engine's named scopes (under vmap
-  too), then matmuls (any fusion with a dot), reductions, copies."""
+  """profile_step.py sorts the compiled program's ops by the engine's named scopes (under
+  vmap too), the rest by xla_trace's kind: matmuls (any fusion with a dot), reductions by
+  their root, copies."""
   import jax
   import jax.numpy as jnp
   import profile_step
+  import xla_trace
 
   def step(w, x):
     y = jnp.tanh(x @ w)
@@ -192,7 +196,25 @@ def test_the_profile_sorts_ops_by_what_they_do():
 
   x = jnp.ones((4, 64, 32))
   compiled = jax.jit(jax.vmap(step, in_axes=(None, 0))).lower(jnp.ones((32, 32)), x).compile()
-  ops = profile_step.hlo_ops(compiled)
-  found = {profile_step.category(name, op) for name, op in ops.items()
-           if op.opcode not in ("parameter", "tuple", "get-tuple-element", "constant")}
-  assert {"matmul", "reduction", "nan_isolation"} <= found, found
+  instructions = xla_trace.hlo_instructions(compiled.as_text())
+  found = {profile_step.what_it_does(i) for i in instructions.values()
+           if i.opcode not in ("parameter", "tuple", "get-tuple-element", "constant")}
+  assert {xla_trace.MATMUL, "nan_isolation"} <= found, found
+  assert any("reduce" in kind for kind in found), found
+
+
+def test_the_profile_counts_ops_per_step_by_what_they_do():
+  """`scope_rows` sums the traced ops' own time and executions by scope or kind: ops per
+  step (a count, which holds on a loaded machine), ms per member-step, share of the span."""
+  import profile_step
+  import xla_trace
+
+  I = xla_trace.Instruction
+  adam = I("fusion.1", "fusion", "f32[32]", "fusion (root: add)", "vmap(optimizer)/add")
+  dot = I("dot.1", "dot", "f32[4,32]", xla_trace.MATMUL, "block_0/mlp/dot_general")
+  result = xla_trace.Profile(span=100.0, kinds={}, ops=[
+      (60.0, 4, "dot.1", dot), (30.0, 8, "fusion.1", adam), (6.0, 4, "fusion.1", adam)])
+  rows = profile_step.scope_rows(result, steps=2, member_steps=4)
+  assert rows == [
+      {"what it does": xla_trace.MATMUL, "ops per step": "2.0", "ms": 0.015, "share": 0.6},
+      {"what it does": "optimizer", "ops per step": "6.0", "ms": 0.009, "share": 0.36}]

@@ -1,4 +1,5 @@
-"""Every python block of README.md and docs/*.md runs, exactly as written.
+"""Every python block of README.md and docs/*.md runs, exactly as written, and every page
+with code blocks has a check of its own.
 
 The blocks of a docs page run in order in one namespace (a page reads like a notebook), the
 README's each on its own (a reader copies one), with a temporary directory as the working
@@ -6,12 +7,21 @@ directory. A block that needs what a test machine
 lacks (a dataset, a cloud account, several hosts) is marked `<!-- not run: REASON -->` on
 the line above its fence and listed in NOT_RUN; nothing else is skipped. Each page's results are checked beyond "it
 ran" against what the page says of them (CHECKS; the test passes them what the blocks
-printed).
+printed). A page's bash blocks are not run (they train for minutes to hours, download,
+start hosts); SHELL_CHECKS checks them instead, by default with `resolve_commands`: every
+`mpx run` names an experiment, preset and config keys that exist, every install an extra,
+every `python -m` a module, every script a file. A new page with code blocks needs its
+entries in these two registries (test_every_page_with_code_blocks_has_its_check).
 """
 
+import configparser
+import importlib.util
 import json
+import os
 import pathlib
 import re
+import shlex
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +33,7 @@ PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs")
 # (page, reason) of every block that is not run; a new marker must be listed here.
 NOT_RUN: set[tuple[str, str]] = set()
 _BLOCK = re.compile(r"(?:<!-- not run: (?P<reason>.*?) -->\n)?```python\n(?P<code>.*?)```", re.S)
+_SHELL_BLOCK = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S)
 
 
 def blocks(page: str) -> list[tuple[str | None, str, int]]:
@@ -30,6 +41,11 @@ def blocks(page: str) -> list[tuple[str | None, str, int]]:
   text = (ROOT / page).read_text()
   return [(m["reason"], m["code"], text.count("\n", 0, m.start("code")) + 1)
           for m in _BLOCK.finditer(text)]
+
+
+def shell_blocks(page: str) -> list[str]:
+  """The text of every bash block of a page."""
+  return _SHELL_BLOCK.findall((ROOT / page).read_text())
 
 
 def run_page(page: str) -> dict:
@@ -230,10 +246,22 @@ def _check_performance(namespace, cwd, printed):
   assert "mpx CPU defaults (" in printed and "off (MPX_CPU_DEFAULTS=0)" in printed, printed
 
 
+def _check_own_experiment(namespace, cwd, printed):
+  """The file's block defines an experiment: a SweepConfig, presets whose tiny builds one
+  group of every scheme and seed (`test_the_own_experiment_file_runs_with_mpx_run` runs
+  it with `mpx run`)."""
+  del cwd, printed
+  from mpx.sweep import config as config_lib
+  assert issubclass(namespace["Config"], config_lib.SweepConfig)
+  group, = namespace["build_groups"](namespace["Config"](**namespace["PRESETS"]["tiny"]))
+  assert [(m.scheme, m.seed) for m in group.members] == [("default", 0), ("mask", 0)]
+
+
 CHECKS = {"README.md": _check_readme, "docs/boolean.md": _check_boolean,
           "docs/diagnostics.md": _check_diagnostics, "docs/discover.md": _check_discover,
           "docs/functional.md": _check_functional, "docs/linen.md": _check_linen,
-          "docs/nnx.md": _check_nnx, "docs/performance.md": _check_performance}
+          "docs/nnx.md": _check_nnx, "docs/own_experiment.md": _check_own_experiment,
+          "docs/performance.md": _check_performance}
 
 
 @pytest.mark.slow
@@ -252,6 +280,33 @@ def test_every_python_block_runs_as_written(page, tmp_path, monkeypatch, capsys)
 
 
 RUN_TWICE = ("docs/linen.md", "docs/nnx.md")
+
+
+OWN_EXPERIMENT = "docs/own_experiment.md"
+
+
+def test_the_own_experiment_file_runs_with_mpx_run(tmp_path, monkeypatch, capsys):
+  """The page's file, saved under the name the page gives it, runs with the page's first
+  command: every scheme and seed of the tiny preset trained and summarised into
+  runs/neighbours-tiny, the run ending with that summary's path. The page names every
+  attribute an experiment file must define."""
+  from mpx import cli
+  from mpx.sweep import config as config_lib
+  text = (ROOT / OWN_EXPERIMENT).read_text()
+  (code,) = [code for _, code, _ in blocks(OWN_EXPERIMENT)]
+  assert "Save this as `neighbours.py`" in text
+  assert "\nmpx run neighbours.py --preset tiny " in text
+  for name in config_lib.EXPERIMENT_ATTRIBUTES:
+    assert f"| `{name}" in text, name
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "neighbours.py").write_text(code)
+  assert cli.main(["run", "neighbours.py", "--preset", "tiny", "--no-plots"]) == 0
+  summary = json.loads((tmp_path / "runs/neighbours-tiny/summary.json").read_text())
+  assert [(m["task"], m["scheme"], m["seed"]) for m in summary["members"]] == [
+      ("neighbours", "default", 0), ("neighbours", "mask", 0)]
+  for m in summary["members"]:
+    assert 0 <= m["metrics"]["accuracy"] <= 1 and np.isfinite(m["metrics"]["loss"]), m
+  assert capsys.readouterr().err.splitlines()[-1] == "summary: runs/neighbours-tiny/summary.md"
 CONTINUE = "The code blocks of this page continue each other"
 
 
@@ -273,6 +328,125 @@ def test_the_blocks_not_run_are_the_listed_ones():
   assert set(CHECKS) <= set(PAGES)
 
 
+# ----------------------------------------------------------------------------- shell blocks
+
+
+def _commands(block: str) -> list[list[str]]:
+  """The commands of a bash block as argument lists: continued lines joined, comments
+  dropped, split at line ends, `&&`, `;`, `&` and `|`."""
+  commands = []
+  for line in block.replace("\\\n", " ").splitlines():
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    words = []
+    for token in lexer:
+      if token in ("&&", ";", "&", "|", "||"):
+        commands.append(words)
+        words = []
+      else:
+        words.append(token)
+    commands.append(words)
+  return [c for c in commands if c]
+
+
+def _extras() -> set[str]:
+  cfg = configparser.ConfigParser()
+  cfg.read(ROOT / "setup.cfg")
+  return set(cfg["options.extras_require"])
+
+
+def _resolve(words: list[str]) -> bool:
+  """Checks one command against what exists; False for a program this does not know."""
+  from mpx import cli
+  from mpx.sweep import config as config_lib
+  while words[0] in ("taskset", "nice"):  # Prefixes: the command is what follows.
+    words = words[3:] if words[0] == "taskset" else words[1:]
+  if words[0] == "bash" and words[1].endswith(".sh"):
+    assert (ROOT / words[1]).is_file(), words[1]
+    return "--" not in words or _resolve(words[words.index("--") + 1:])
+  if words[:3] == ["pip", "install", "-e"]:  # This repository, with extras of setup.cfg.
+    path, _, extras = words[3].partition("[")
+    assert path == "." and set(filter(None, extras.rstrip("]").split(","))) <= _extras(), words
+    return True
+  if words[0].startswith("python") and words[1] == "-m" and words[2] != "venv":
+    assert importlib.util.find_spec(words[2]) is not None, words[2]
+    return True
+  if words[0] == "pdoc":  # pdoc -o DIR MODULE...
+    assert all(importlib.util.find_spec(m) is not None for m in words[3:]), words
+    return True
+  if words[0] != "mpx":
+    return False
+  if "--help" in words:
+    assert words[-1] == "--help" and len(words) <= 4, words
+    if len(words) == 4:
+      config_lib.load_experiment(words[2])
+    return True
+  args = cli.make_parser().parse_args(words[1:])
+  if args.command == "run":
+    selected = [f"select={args.select}"] if args.select else []
+    config_lib.make_configs(config_lib.load_experiment(args.experiment), args.preset,
+                            [*(args.set or ()), *selected])
+  return True
+
+
+def resolve_commands(page: str) -> None:
+  """Every `mpx` command of the page's bash blocks parses and its experiment, preset and
+  `--set` keys exist; every `pip install -e` names extras of setup.cfg, every `python -m`
+  and `pdoc` a module, every `bash X.sh` a file; each block holds at least one of them."""
+  for block in shell_blocks(page):
+    assert [_resolve(words) for words in _commands(block)].count(True), block
+
+
+def _own_experiment_commands(page: str) -> None:
+  """The page's commands run the file it writes: saved under its name in an empty folder,
+  each command resolves against it (its presets and `--set` keys)."""
+  (code,) = [code for _, code, _ in blocks(page)]
+  with tempfile.TemporaryDirectory() as folder:
+    pathlib.Path(folder, "neighbours.py").write_text(code)
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+      resolve_commands(page)
+    finally:
+      os.chdir(cwd)
+
+
+# page → the check of its bash blocks, called with the page's name.
+SHELL_CHECKS = {page: resolve_commands for page in (
+    "README.md", "docs/api.md", "docs/data.md", "docs/discover.md", "docs/hosts.md",
+    "docs/sweeps.md")} | {OWN_EXPERIMENT: _own_experiment_commands}
+
+
+@pytest.mark.parametrize("page", sorted(SHELL_CHECKS))
+def test_the_shell_blocks_of_a_page_pass_its_check(page):
+  SHELL_CHECKS[page](page)
+
+
+def test_every_page_with_code_blocks_has_its_check():
+  """A page with python blocks has its CHECKS entry, one with bash blocks its SHELL_CHECKS
+  entry: a new page cannot go without one. The test lists the pages that lack it."""
+  unchecked = [f"{page} (python: add it to CHECKS)" for page in PAGES
+               if any(reason is None for reason, _, _ in blocks(page)) and page not in CHECKS]
+  unchecked += [f"{page} (bash: add it to SHELL_CHECKS)" for page in PAGES
+                if shell_blocks(page) and page not in SHELL_CHECKS]
+  assert not unchecked
+  assert set(SHELL_CHECKS) <= set(PAGES)
+
+
+def test_the_readme_is_a_front_page():
+  """README.md stays at most 250 lines (detail goes to docs/): it opens with the two
+  commands, install and run the main job, install and run the tests, and keeps the
+  reproduction table."""
+  lines = (ROOT / "README.md").read_text().splitlines()
+  assert len(lines) <= 250, len(lines)
+  assert lines[3].startswith("# 1. install and run the main job")
+  assert lines[4].startswith("python3 -m venv") and "mpx run boolean_gotu" in lines[4]
+  assert lines[6].startswith("# 2. install and run the tests")
+  assert lines[7].startswith("python3 -m venv") and "pytest" in lines[7]
+  table = lines.index("## Reproduction status")
+  assert any(line.startswith("| result |") for line in lines[table:table + 10])
+
+
 def test_pages_link_only_inside_the_repository():
   for page in PAGES:
     text = (ROOT / page).read_text()
@@ -283,6 +457,25 @@ def test_pages_link_only_inside_the_repository():
     for outside in ("../shared", "PAPER.md", "DESIGN.md", "FINDINGS.md"):
       assert outside not in text, f"{page} points outside the repository: {outside}"
     assert not re.search(r"\bissue #?\d+|#\d{2}\b", text), f"{page} speaks of issue numbers"
+
+
+def test_the_reproduction_table_quotes_the_paper_s_boolean_metric():
+  """The paper's 2Parity and Majority numbers are whole-cube accuracy: the README's rows
+  name it and quote experiments/results/boolean_cpu.md's `accuracy`, then its unseen
+  accuracy (0.00 for every 2Parity scheme there), scheme by scheme."""
+  results = (ROOT / "experiments/results/boolean_cpu.md").read_text()
+  measured = {(task, scheme): (accuracy, unseen) for task, scheme, accuracy, unseen in
+              re.findall(r"^\| (\w+) \| (\w+) \| \**([\d.]+ ± [\d.]+)\**[^|]*\| [^|]*\| "
+                         r"([\d.]+ ± [\d.]+) \|", results, re.M)}
+  readme = (ROOT / "README.md").read_text().splitlines()
+  for label, task in (("2Parity", "2parity"), ("3-bit Majority", "majority3")):
+    first = next(i for i, line in enumerate(readme)
+                 if line.startswith(f"| {label} whole-cube accuracy, default / mask |"))
+    assert readme[first + 1].startswith("| same, QK-SVD / QK-Opt |")
+    for line, schemes in ((readme[first], ("default", "mask")),
+                          (readme[first + 1], ("qk_svd", "qk_opt"))):
+      quoted = re.findall(r"[\d.]+ ± [\d.]+", line.split(" | ")[2].replace("**", ""))
+      assert quoted == [measured[task, s][i] for i in (0, 1) for s in schemes], line
 
 
 def test_the_performance_page_quotes_the_benchmark_results_file():

@@ -53,3 +53,19 @@ def test_discover_planted_cpu_is_discover_booleans_cpu_model():
 def test_discover_arithmetic_quick_is_arithmetics_quick():
   theirs = {k: v for k, v in _preset("arithmetic", "quick").items() if k != "schemes"}
   assert _preset("discover_arithmetic", "quick") == theirs
+
+
+def test_every_metric_a_summary_or_a_figure_shows_has_its_description():
+  """Every column of a built-in experiment's summary.md (its METRICS, the persistence
+  table's, the validation metrics selection reads) and every metric a figure draws has
+  the one description that the table's legend and the figure's title print."""
+  from mpx import plotting, report
+  from mpx.sweep import run
+  shown = {"persistence table": run.PERSISTENCE_METRICS, "curves": plotting.CURVE_METRICS,
+           "layer curves": plotting.LAYER_METRICS}
+  for name in config_lib.available_experiments():
+    experiment = config_lib.load_experiment(name)
+    shown[name] = (*experiment.METRICS, *(n for n, _ in getattr(experiment, "VALIDATION", ())))
+  undescribed = {where: missing for where, names in shown.items()
+                 if (missing := [m for m in names if report.metric_description(m) is None])}
+  assert not undescribed

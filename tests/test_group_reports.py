@@ -50,7 +50,7 @@ def fraction_run(tmp_path_factory):
 def test_persistence_lines_keep_each_group(fraction_run):
   run_dir, members = fraction_run
   table = run.persistence_table(run_dir, members)
-  lines = [line for line in table.splitlines() if line.startswith("- ")]
+  lines = table.split("\n\n")[-1].splitlines()  # Below the table and its legend.
   assert lines == ["- digits / default, data_fraction=0.1: 10, 10",
                    "- digits / mask, data_fraction=0.1: 20, 20",
                    "- digits / default, data_fraction=1: never, never",

@@ -1,6 +1,9 @@
 """The library side of mpx imports only jax and flax: a user who puts a mask prior into a
 model of their own pays for no optimizer, checkpointing, plotting or dataset package."""
 
+import importlib
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -26,3 +29,12 @@ def _new_top_level_modules(modules: str, baseline: str = "") -> set[str]:
 @pytest.mark.parametrize("modules", ["mpx", "mpx.nn, mpx.diagnostics, mpx.params"])
 def test_the_library_loads_no_heavy_package(modules):
   assert not _new_top_level_modules(modules) & set(HEAVY)
+
+
+@pytest.mark.parametrize("family", ["arithmetic", "boolean", "language", "vision"])
+def test_a_familys_docstring_names_its_modules(family):
+  """A family's docstring is its map: it names (in backticks) each of its modules and no
+  other."""
+  package = importlib.import_module(f"mpx.tasks.{family}")
+  modules = {p.stem for p in pathlib.Path(package.__file__).parent.glob("*.py")} - {"__init__"}
+  assert set(re.findall(r"`(\w+)`", package.__doc__)) == modules

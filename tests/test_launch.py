@@ -206,7 +206,8 @@ def test_tpu_pod_dry_run_of_status_logs_stop_fetch_and_watch(tmp_path):
       f"gcloud compute tpus tpu-vm delete mpx-v4-32 {_LOC} --quiet",
       TPU_CREATE, *TPU_INSTALL, TPU_RUN,
       "# no job on a worker: install, run",
-      "# the job stopped by a preemption (143) or killed (137) on a worker: stop, run",
+      "# the job stopped by a preemption (143) or killed (137) on a worker, or refused "
+      "because another process writes the run folder (75): stop, run",
       stop, TPU_RUN,
       "# every worker exited 0: fetch",
       *fetch]
@@ -440,6 +441,8 @@ def test_slurm_dry_run_prints_the_srun_commands(tmp_path):
       "print(socket.gethostname(), \"mpx\", mpx.__version__, \"jax\", jax.__version__)'",
       f"srun --kill-on-bad-exit=1 --gpu-bind=none --cpus-per-task=8 {venv}/bin/mpx run "
       "boolean_gotu --preset paper --distributed --out /shared/runs/gotu --resume=auto",
+      "# on exit status 75 (another process writes the run directory): srun again every 60 s, "
+      "for at most 600 s; then stop",
       "# on SIGTERM: passed on to srun (mpx saves and exits 143); on exit status 143 or 137, "
       "while requeued fewer than 10 times:",
       "scontrol requeue 4242",
@@ -450,15 +453,17 @@ def test_slurm_dry_run_prints_the_srun_commands(tmp_path):
   assert result.stdout.splitlines() == expected
   result = _script("slurm_gpu.sbatch", *args, env=_env(tmp_path, **slurm, MPX_DRY_RUN="1"))
   assert result.returncode == 0 and result.stdout.splitlines() == expected
-  # A requeued job (SLURM_RESTART_COUNT) with MPX_MAX_REQUEUES, outside a job.
+  # A requeued job (SLURM_RESTART_COUNT) with MPX_MAX_REQUEUES and MPX_LOCK_*, outside a job.
   result = _script("slurm_gpu.sbatch", "--dry-run", *args, env=_env(
       tmp_path, MPX_VENV=str(venv), MPX_OUT="runs/gotu", SLURM_RESTART_COUNT="2",
-      MPX_MAX_REQUEUES="3"))
+      MPX_MAX_REQUEUES="3", MPX_LOCK_WAIT="120", MPX_LOCK_RETRY="10"))
   assert result.returncode == 0, result.stderr
-  assert result.stdout.splitlines()[0].startswith(
+  lines = result.stdout.splitlines()
+  assert lines[0].startswith(
       f"# slurm_gpu.sbatch: job (none), ? nodes, ? tasks (one per GPU), run directory "
       f"{ROOT}/runs/gotu; requeued 2 of at most 3 times;")
-  assert result.stdout.splitlines()[-1] == "scontrol requeue '$SLURM_JOB_ID'"
+  assert "srun again every 10 s, for at most 120 s; then stop" in lines[-3]
+  assert lines[-1] == "scontrol requeue '$SLURM_JOB_ID'"
 
 
 def test_slurm_fails_early_without_its_variables(tmp_path):
@@ -481,6 +486,10 @@ def test_slurm_fails_early_without_its_variables(tmp_path):
   result = _script("slurm_gpu.sbatch", "--dry-run", "boolean_gotu",
                    env=env | {"MPX_MAX_REQUEUES": "many"})
   assert result.returncode != 0 and "MPX_MAX_REQUEUES=10" in result.stderr
+  for name, value, example in (("MPX_LOCK_WAIT", "-1", "MPX_LOCK_WAIT=600"),
+                               ("MPX_LOCK_RETRY", "0", "MPX_LOCK_RETRY=60")):
+    result = _script("slurm_gpu.sbatch", "--dry-run", "boolean_gotu", env=env | {name: value})
+    assert result.returncode == 2 and example in result.stderr, result.stderr
 
 
 # --- local.sh ---------------------------------------------------------------------------------
@@ -534,6 +543,20 @@ def test_local_stops_the_others_when_one_fails(tmp_path):
                    env=_env(tmp_path))
   assert result.returncode == 3 and time.monotonic() - start < 30
   assert "process 1 still running after SIGTERM; sending SIGKILL" in result.stderr
+
+
+def test_local_never_restarts_a_locked_run_folder(tmp_path):
+  """Exit status 75 (another process writes the run folder) is not restarted as 143 and
+  137 are: local.sh starts no second writer; it says why and exits 75."""
+  code = ("import os, pathlib, sys\n"
+          f"with pathlib.Path({str(tmp_path / 'starts')!r}).open('a') as f:\n"
+          "  f.write(os.environ['MPX_PROCESS_ID'])\n"
+          "sys.exit(75)")
+  result = _script("local.sh", "2", "--", sys.executable, "-c", code, env=_env(tmp_path))
+  assert result.returncode == 75, result.stdout + result.stderr
+  assert sorted((tmp_path / "starts").read_text()) == ["0", "1"]  # One start each.
+  assert "being written by another process (exit status 75" in result.stderr
+  assert "not started again, so as not to start a second writer" in result.stderr
 
 
 def test_local_processes_join_jax_distributed(tmp_path):

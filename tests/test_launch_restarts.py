@@ -104,6 +104,11 @@ case $what in
   ok) exit 0 ;;
   kill) exit 137 ;;
   refused) echo "mpx run: refused: the config differs" >&2; exit 3 ;;
+  locked*)  # locked-N: the first N tries of this start find the run folder locked
+    tries=$(( $(cat "$STANDIN/tries-$STANDIN_START" 2>/dev/null || echo 0) + 1 ))
+    echo "$tries" > "$STANDIN/tries-$STANDIN_START"
+    ((tries > ${what#locked-})) && exit 0
+    echo "mpx run: locked: /shared/runs/gotu is being written by pid 7 on node9" >&2; exit 75 ;;
   fail) exit 1 ;;
   term)
     trap 'echo "srun: SIGTERM passed on, mpx saved" >> "$STANDIN/calls"; exit 143' TERM
@@ -194,6 +199,28 @@ def test_slurm_requeues_a_bounded_number_of_times(tmp_path):
   assert len([c for c in calls if c.startswith("scontrol")]) == 2
   assert "requeued 2 times (MPX_MAX_REQUEUES=2): not again" in result.stderr
   assert "Submit the same command to continue" in result.stderr
+
+
+def test_slurm_waits_for_a_locked_run_directory_and_never_writes_beside_it(tmp_path):
+  """Exit 75 (another process writes MPX_OUT, e.g. the previous allocation's): srun again
+  every MPX_LOCK_RETRY seconds, within the job; after MPX_LOCK_WAIT seconds the job ends
+  with 75, not requeued."""
+  result, calls, jobs, _ = _slurm(tmp_path, ["locked-2"], MPX_LOCK_RETRY="1",
+                                  MPX_LOCK_WAIT="5")
+  assert result.returncode == 0 and jobs == ["start 0 exit 0"], result.stderr
+  steps = _mpx_steps(calls)
+  assert len(steps) == 3 and len(set(steps)) == 1, steps
+  assert not [c for c in calls if c.startswith("scontrol")]
+  for waited in (0, 1):
+    assert (f"is being written by another process (exit status 75; mpx's line above names "
+            f"it): trying again in 1 s ({waited} of at most 5 s waited") in result.stderr
+  (tmp_path / "bounded").mkdir()
+  result, calls, jobs, _ = _slurm(tmp_path / "bounded", ["locked-99"], MPX_LOCK_RETRY="1",
+                                  MPX_LOCK_WAIT="2")
+  assert result.returncode == 75 and jobs == ["start 0 exit 75"], result.stderr
+  assert len(_mpx_steps(calls)) == 3 and not [c for c in calls if c.startswith("scontrol")]
+  assert ("is still being written by another process after 2 s (exit status 75; mpx's "
+          "line above names it; MPX_LOCK_WAIT=2): not requeued") in result.stderr
 
 
 @pytest.mark.parametrize("what, status, message", [
@@ -553,6 +580,19 @@ def test_pod_watch_stops_at_the_restart_limit_and_on_a_failure(pod, tmp_path):
   assert result.returncode == 3, result.stderr[-3000:]
   assert "no job on the slice: installing and starting it" in result.stderr
   assert "the job failed with status 3" in result.stderr and "restart 1" not in result.stderr
+
+
+def test_pod_watch_runs_a_locked_job_again(pod):
+  """Exit 75 on a worker (another process writes the run folder): watch stops the job and
+  runs it again after --interval, as after a preemption, counted in --max-restarts."""
+  root = pod.root
+  (root / "exit-75").write_text("2")  # Worker 0 finds the folder locked, once.
+  result = pod("watch", "--interval", "0", *ARGS, events=[])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("the run folder is being written by another process (exit status 75: its holder "
+          "is named in the log, bash launch/tpu_pod.sh logs); trying again, never beside "
+          "it: restart 1 of at most 10") in result.stderr
+  assert len(_starts(root)) == 4 and len(set(_starts(root))) == 1
 
 
 # --- local.sh --------------------------------------------------------------------------------

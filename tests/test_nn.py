@@ -171,3 +171,44 @@ def test_bfloat16_compute_keeps_float32_params_and_readout():
   assert out_bf16.dtype == jnp.float32
   assert not np.array_equal(out_f32, out_bf16)  # The matmuls did run in bf16.
   np.testing.assert_allclose(out_bf16, out_f32, atol=0.05 * float(jnp.abs(out_f32).max()))
+
+
+def _equations(jaxpr):
+  for e in jaxpr.eqns:
+    yield e
+    for param in e.params.values():
+      inner = getattr(param, "jaxpr", param)
+      if hasattr(inner, "eqns"):
+        yield from _equations(inner)
+
+
+def test_bfloat16_compute_keeps_logits_softmax_prior_and_readout_in_float32():
+  """In the traced bf16 model: the projections and MLP are bf16 matmuls, but q·kᵀ comes
+  out float32, log σ(M) is computed and added to it in float32 (never rounded to bf16),
+  every exp (the softmax's, the prior's softplus) and row max is float32, and the readout
+  matmul takes float32."""
+  tokens = boolean.tokens(jnp.ones((4, 6)))
+  model = TokenTransformer(width=32, depth=1, num_heads=2, head_dim=16, mlp_dim=32,
+                           dtype=jnp.bfloat16)
+  params = model.init(jax.random.key(0), tokens)["params"]
+  jaxpr = jax.make_jaxpr(lambda p: model.apply({"params": p}, tokens))(params).jaxpr
+  eqns = list(_equations(jaxpr))
+  dtypes = lambda vs: {str(v.aval.dtype) for v in vs if hasattr(v, "aval")}
+  shape = lambda v: tuple(v.aval.shape)
+  logits_shape = (4, 2, 7, 7)  # [B, H, N, N]: CLS and 6 tokens.
+  dots = [e for e in eqns if e.primitive.name == "dot_general"]
+  assert {"bfloat16"} in [dtypes(e.invars) for e in dots]  # The compute did run in bf16.
+  (logits,) = [e for e in dots if shape(e.outvars[0]) == logits_shape]
+  assert dtypes(logits.outvars) == {"float32"}
+  (prior,) = [e for e in eqns if e.primitive.name == "add"
+              and shape(e.outvars[0]) == logits_shape]
+  assert dtypes(prior.invars) == dtypes(prior.outvars) == {"float32"}
+  # Nothing shaped like the prior or the logits is rounded to bf16 on the way, but the
+  # probabilities the P·V matmul takes.
+  rounded = [shape(e.outvars[0]) for e in eqns if e.primitive.name == "convert_element_type"
+             and dtypes(e.outvars) == {"bfloat16"}]
+  assert (2, 7, 7) not in rounded and rounded.count(logits_shape) == 1, rounded
+  for name in ("exp", "log1p", "reduce_max"):
+    found = [e for e in eqns if e.primitive.name == name]
+    assert found and all(dtypes(e.outvars) == {"float32"} for e in found), name
+  assert dtypes(dots[-1].invars) == {"float32"} and shape(dots[-1].outvars[0]) == (4, 1)

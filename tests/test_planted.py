@@ -7,6 +7,8 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -37,6 +39,18 @@ def test_the_benchmark_is_fixed_in_code():
   assert names[start:start + len(planted.SPECS)] == planted.TASK_NAMES
   with pytest.raises(ValueError, match="built-in"):
     boolean.register_task(dataclasses.replace(boolean.get_task(TASK)))
+
+
+def test_the_repository_names_only_the_benchmark_s_tasks():
+  """A task's name holds its index, kind and bit count (`p00_sparse17`): one typed into a
+  docstring, a docs page or a results file must be a task of the benchmark."""
+  root = pathlib.Path(__file__).parents[1]
+  files = [*root.glob("*.md"), *root.glob("docs/*.md"), *root.glob("experiments/**/*.py"),
+           *root.glob("experiments/**/*.md"), *root.glob("mpx/**/*.py")]
+  named = {(str(f.relative_to(root)), name) for f in files
+           for name in re.findall(r"\bp\d\d_[a-z]+\d\d\b", f.read_text())}
+  assert len(named) > 20  # The pattern finds the names.
+  assert {(f, name) for f, name in named if name not in planted.TASK_NAMES} == set()
 
 
 @pytest.mark.parametrize("name", planted.TASK_NAMES)

@@ -143,6 +143,19 @@ def test_strip_panel_points_means_and_paper_ticks():
   plt.close(fig)
 
 
+def test_strip_panel_names_the_paper_only_where_it_drew_its_number():
+  """A task without the paper's numbers (an experiment with PAPER = {}, or a task the
+  paper leaves out) has no "paper (black)" in its title: there is no black tick."""
+  for task, paper, named in (("2parity", PAPER, True), ("2parity", {}, False),
+                             ("2parity", {"cyclic3": PAPER["cyclic3"]}, False)):
+    fig, ax = plt.subplots()
+    plotting._strip_panel(ax, _members(), [], task, "accuracy", paper,
+                          {"default": "C0", "mask": "C1"})
+    assert ("paper (black)" in ax.get_title()) == named, (paper, ax.get_title())
+    assert ax.get_title().startswith("2parity: final accuracy: seeds (points), mean (bar)")
+    plt.close(fig)
+
+
 def test_fidelity_curves_mean_over_live_seeds_from_init(tmp_path):
   records = report.read_metrics(_write_run(tmp_path))
   curves = plotting._fidelity_curves(records, _members(), "2parity")
@@ -275,6 +288,20 @@ def test_accuracy_is_in_percent_as_in_the_tables(boolean_plots):
   assert all(np.asarray(line.get_ydata()).tolist() == [75.0] * 3 for line in ax.get_lines())
   assert "| accuracy (%) |" in (run_dir / "summary.md").read_text()
   assert drawn["overview.png"].axes[0].get_ylabel() == "accuracy (%)"
+
+
+def test_a_metric_s_figures_say_what_the_summary_s_legend_says(boolean_plots):
+  """The overview's strip, a curve and the fidelity panel carry, below their heading, the
+  one description of their metric that summary.md's legend prints."""
+  run_dir, drawn, _ = boolean_plots
+  legend = (run_dir / "summary.md").read_text()
+  for ax, metric in ((drawn["overview.png"].axes[0], "accuracy"),
+                     (drawn["overview.png"].axes[1], "fidelity"),
+                     (drawn["2parity_accuracy.png"].axes[0], "accuracy"),
+                     (drawn["2parity_block_0_fidelity.png"].axes[0], "fidelity")):
+    description = " ".join(ax.get_title().splitlines()[1:])
+    assert description == report.METRIC_DESCRIPTIONS[metric], metric
+  assert f"- `accuracy (%)`: {report.METRIC_DESCRIPTIONS['accuracy']}\n" in legend
 
 
 def test_coinciding_curves_stay_visible(boolean_plots):

@@ -272,11 +272,18 @@ def test_cell_labels_name_what_tells_groups_apart():
   assert report.distinguishing_hparams([_member("mask", s) for s in range(3)]) == []
 
 
+def _table_lines(table):
+  """The rows of a `format_table` table, below its legend."""
+  legend, body = table.split("\n\n")
+  assert legend.startswith("Columns:\n")
+  return body.splitlines()
+
+
 def test_format_table_formats_and_varying_columns():
   rows = report.summarize(MEMBERS, ["accuracy", "loss"])
-  table = report.format_table(rows, ["accuracy", "loss"], PAPER)
-  lines = table.splitlines()
-  assert lines[0] == "| task | scheme | seeds | accuracy (%) | paper | loss | paper |"
+  lines = _table_lines(report.format_table(rows, ["accuracy", "loss"], PAPER))
+  assert lines[0] == ("| task | scheme | seeds | accuracy (%) | paper accuracy (%) | loss | "
+                      "paper loss |")
   assert "| 2parity | default | 3 | 75.00 ± 4.08 | 75.00 | 2.000 ± 0.8165 | — |" in lines
   assert "| 2parity | mask | 3 (1 diverged) | 75.00 ± 25.00 | 100.00 | 1.000 ± 0.5000 | 0.0029 |" in lines
 
@@ -285,7 +292,7 @@ def test_format_table_formats_and_varying_columns():
               "metrics": {**m["metrics"], "test_accuracy": 0.5}} for m in MEMBERS[:2]]
   rows = report.summarize(members, ["test_accuracy", "loss"])
   table = report.format_table(rows, ["test_accuracy", "loss"], {})
-  lines = table.splitlines()
+  lines = _table_lines(table)
   assert lines[0] == "| task | scheme | learning_rate | seeds | test_accuracy (%) | loss |"
   assert lines[2] == "| 2parity | default | 0.001 | 1 | 50.00 ± 0.00 | 1.000 ± 0.000 |"
   assert lines[3] == "| 2parity | default | 0.002 | 1 | 50.00 ± 0.00 | 2.000 ± 0.000 |"
@@ -310,8 +317,35 @@ def test_write_summary(tmp_path):
   md = (tmp_path / "run" / "summary.md").read_text()
   assert md.startswith("# boolean (preset quick)\n\n![overview](plots/overview.png)\n\n")
   assert "6 members, 1 diverged" in md
+  assert "Columns:\n- `task`: the task\n" in md
   assert "| 2parity | mask | 3 (1 diverged) | 75.00 ± 25.00 | 100.00 | 1.000 ± 0.5000 | 0.0029 |" in md
   assert "## Unseen outputs\n\n| a |\n|---|\n| 1 |\n" in md
+
+
+def test_a_table_opens_with_what_each_column_means():
+  """One line per column, a metric's from its one description, and each paper column
+  names the metric it gives the paper's number of."""
+  rows = report.summarize(MEMBERS, ["accuracy", "loss"])
+  legend, body = report.format_table(rows, ["accuracy", "loss"], PAPER).split("\n\n")
+  header = body.splitlines()[0].strip("| ").split(" | ")
+  assert [line.split("`")[1] for line in legend.splitlines()[1:]] == header
+  assert f"- `accuracy (%)`: {report.METRIC_DESCRIPTIONS['accuracy']}\n" in legend
+  assert "- `paper accuracy (%)`: the paper's number for accuracy (— where" in legend
+  assert "- `paper loss`: the paper's number for loss (— where" in legend
+  assert report.UNDESCRIBED not in legend
+
+
+def test_a_metric_nobody_described_says_so_until_its_experiment_describes_it(monkeypatch):
+  monkeypatch.setattr(report, "METRIC_DESCRIPTIONS", dict(report.METRIC_DESCRIPTIONS))
+  members = [{**m, "metrics": {"r2": 0.5}} for m in MEMBERS[:2]]
+  table = lambda: report.format_table(report.summarize(members, ["r2"]), ["r2"], {})
+  assert f"- `r2`: {report.UNDESCRIBED}\n" in table()
+  report.describe_metrics({"r2": "the coefficient of determination on the test set"})
+  assert "- `r2`: the coefficient of determination on the test set\n" in table()
+  with pytest.raises(ValueError, match="'accuracy' already means"):
+    report.describe_metrics({"accuracy": "something else"})
+  assert report.metric_description("val_r2").startswith("r2 on the validation split")
+  assert report.metric_description("val_unknown") is None
 
 
 # ----------------------------------------------------------------------------- progress

@@ -7,7 +7,9 @@ command again, ends with the metrics.jsonl, summary and params of an uninterrupt
 bit for bit. The kill points are test hooks (`_arm`): a function of mpx or of the
 standard library is wrapped so that the process sends itself the signal at that point.
 SIGKILL runs in a subprocess (`_driver`); SIGTERM runs in this process, where mpx's
-handler turns it into a flag.
+handler turns it into a flag. The killed run's lock on its folder is taken over by the
+restart; a second start while a run is stopped half way (SIGSTOP) is refused, and that run
+then ends as if alone (the lock itself: tests/test_run_lock.py).
 """
 
 import contextlib
@@ -18,6 +20,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +33,7 @@ from etils import epath
 
 from mpx import cli
 from mpx.sweep import config as config_lib
-from mpx.sweep import engine, memory, run
+from mpx.sweep import engine, lock, memory, run
 
 import sweep_fixtures as fx
 
@@ -200,7 +203,9 @@ UNSTARTED = ("init", "between-groups")  # The points that stop before a group st
 
 
 @pytest.mark.parametrize("point", list(SIGKILL_POINTS))
-def test_sigkill_then_the_same_command_ends_equal(reference, tmp_path, point):
+def test_sigkill_then_the_same_command_ends_equal(reference, tmp_path, capsys, point):
+  """The killed run's lock stays behind, and the same command takes it over (its process
+  is gone) with one line, then resumes."""
   out = tmp_path / "run"
   killed = _killed_subprocess(point, "SIGKILL", _argv(out))
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
@@ -211,8 +216,45 @@ def test_sigkill_then_the_same_command_ends_equal(reference, tmp_path, point):
   if point == "init":
     json.loads((out / "config.json").read_text())  # Whole, never half written.
   assert not (out / "summary.json").exists()
+  held = json.loads((out / lock.LOCK_FILE).read_text())
   assert cli.main(_argv(out)) == 0
+  took_over = (f"mpx run: took over the lock of {out} from pid {held['pid']} on "
+               f"{held['host']} since ")
+  err = capsys.readouterr().err
+  assert err.startswith(took_over), err[:500]
+  assert err.splitlines()[0].endswith(f"process {held['pid']} on this machine is gone.")
   _assert_same_run(reference[0], out)
+  assert not (out / lock.LOCK_FILE).exists()
+
+
+def test_a_second_start_while_the_first_runs_is_refused_and_the_first_ends_whole(
+    reference, tmp_path, capsys):
+  """The first run stops itself (SIGSTOP) while toy_a's chunk from step 4 runs, its lock
+  held; a second start of the same command is refused (75) with one line, reading and
+  writing nothing; the first, continued, ends equal to an uninterrupted run."""
+  out = tmp_path / "run"
+  code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
+          "import test_resume_auto; test_resume_auto._driver()")
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("MPX_", "SLURM_"))}
+  first = subprocess.Popen([sys.executable, "-c", code, "mid-chunk", "SIGSTOP", *_argv(out)],
+                           cwd=ROOT, env=env | _CACHE | {"JAX_PLATFORMS": "cpu"},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    _, status = os.waitpid(first.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), first.communicate()
+    before = _files(out)
+    assert cli.main(_argv(out)) == run.LOCKED_EXIT_CODE == 75
+    err = capsys.readouterr().err
+    assert err.startswith(f"mpx run: locked: {out} is being written by pid {first.pid} on "
+                          f"{socket.gethostname()} since "), err
+    assert err.count("\n") == 1 and "choose another --out" in err
+    assert _files(out) == before
+  finally:
+    os.kill(first.pid, signal.SIGCONT)
+  _, stderr = first.communicate(timeout=600)
+  assert first.returncode == 0, stderr[-3000:]
+  _assert_same_run(reference[0], out)  # Its metrics.jsonl whole, as if it ran alone.
+  assert not (out / lock.LOCK_FILE).exists()
 
 
 @pytest.mark.parametrize("point", list(SIGTERM_POINTS))
@@ -307,5 +349,5 @@ def test_run_help_lists_the_exit_codes(capsys):
   out = capsys.readouterr().out
   assert "exit status:" in out and "--resume=auto" in out
   for code in (0, run.FAILED_EXIT_CODE, run.ERROR_EXIT_CODE, run.REFUSED_EXIT_CODE,
-               run.PREEMPTED_EXIT_CODE):
+               run.STORAGE_EXIT_CODE, run.LOCKED_EXIT_CODE, run.PREEMPTED_EXIT_CODE):
     assert f"\n  {code} " in out, code

@@ -93,3 +93,25 @@ def test_a_run_of_ones_own_file_records_it_and_refuses_a_changed_task(tmp_path, 
   with pytest.raises(SystemExit):
     cli.main(args + ["--resume"])
   assert "fingerprint.mine" in capsys.readouterr().err
+
+
+def test_a_file_whose_config_is_no_sweep_config_is_one_line_naming_the_base(tmp_path, capsys):
+  """A plain dataclass passes the attribute check but lacks the fields the run reads:
+  exit 2 in one line naming SweepConfig, before anything is written (not a traceback)."""
+  path = tmp_path / "plain.py"
+  path.write_text("import dataclasses\n"
+                  "@dataclasses.dataclass(frozen=True)\n"
+                  "class Config:\n"
+                  "  steps: int = 10\n"
+                  "PRESETS = {'tiny': {}}\n"
+                  "METRICS = ('loss',)\n"
+                  "PAPER = {}\n"
+                  "def build_groups(config):\n"
+                  "  return []\n")
+  out = tmp_path / "run"
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", str(path), "--preset", "tiny", "--out", str(out)])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "must subclass mpx.sweep.config.SweepConfig" in err, err
+  assert not out.exists()

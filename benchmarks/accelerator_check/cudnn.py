@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from accelerator_check import context, cudnn_probes
 import chunk_timing
 import mpx
+from mpx import attention as attention_lib
 
 # The child's share of a GPU, beside the parent's (`XLA_PYTHON_CLIENT_MEM_FRACTION`).
 PROBE_MEMORY_FRACTION = "0.05"
@@ -37,6 +38,11 @@ def read_probes(path: pathlib.Path) -> tuple[dict, str | None]:
       else:
         done[record["case"]], started = record, None
   return done, started
+
+
+def _form_name() -> str:
+  return next(name for name, form in attention_lib.CUDNN_FORMS.items()
+              if form == attention_lib.CUDNN_FORM)
 
 
 def refusals() -> list[str]:
@@ -121,6 +127,19 @@ def stage_cudnn(ctx: context.Context, st: dict) -> None:
     rows[started] = {"status": "crashed", "detail": failure}
     remaining.remove(started)
   show()
+  matched = sorted({form for case, (form, _) in cudnn_probes.FORM_PROBES.items()
+                    if rows.get(case, {}).get("status") == "ok"})
+  st["facts"]["forms that match the reference"] = (
+      (", ".join(matched) or "none") if gpu else "– (no cuDNN here)")
+  st["notes"].append(
+      "The form_* cases hand cuDNN the engine's case in one form each "
+      "(`mpx.attention.CUDNN_FORMS`): a bf16 bias, hard masks folded into the bias as a "
+      "finite negative (no −inf), the bias not materialised per example, full-length "
+      "sequence lengths, and all of them; engine_chunk_form_all trains the Boolean model "
+      "with the form 'all'. Without cuDNN each form runs on the XLA path (its operands "
+      "compute the attention) and reads 'not available'. `attention=cudnn` uses "
+      f"`mpx.attention.CUDNN_FORM` (now {_form_name()}): once a form matches here, in the "
+      "engine chunk too, naming it there is the one-line change.")
   st["notes"].append(
       "Each case runs jit(vmap(value_and_grad)) over 2 members, the program the sweep "
       "engine compiles, and compares the value and gradients with the reference attention "

@@ -2,7 +2,9 @@
 
 Each case runs the program the sweep engine compiles, `jit(vmap(value_and_grad))` over 2
 members, with fused attention (cuDNN on a GPU) and with the reference attention, and
-compares the two. They run in a process of their own (`--cudnn-probes`) that logs each
+compares the two; the form cases hand cuDNN the engine's case in one form each
+(`mpx.attention.CUDNN_FORMS`), and without cuDNN check the form on the XLA path and read
+"not available". They run in a process of their own (`--cudnn-probes`) that logs each
 case's start and end, so a crash in cuDNN ends that process, not the check, and the log
 names the case it ended.
 """
@@ -24,8 +26,26 @@ from mpx import attention as attention_lib
 from mpx.nn import ViT
 from mpx.sweep import engine
 
+# The forms (`mpx.attention.CUDNN_FORMS`) each tried on the engine's case: which of the
+# conditions jax's and cuDNN's trackers name makes cuDNN match the reference under vmap.
+FORM_PROBES = {
+    "form_bf16_bias": ("bf16_bias", "prior_vmap with the bias in bf16 (q's dtype), not "
+                                    "float32"),
+    "form_finite_causal": ("finite", "prior_vmap and a causal mask, folded into the bias as "
+                                     "a finite negative: no boolean mask, no −inf"),
+    "form_broadcast_bias": ("broadcast_bias", "prior_vmap with the bias [1, H, N, N], not "
+                                              "materialised per example (expected to fail)"),
+    "form_seq_lengths": ("seq_lengths", "prior_vmap with full-length query and key-value "
+                                        "sequence lengths passed"),
+    "form_all": ("all", "prior_vmap with a bf16 bias, no −inf, materialised [B, H, N, N], "
+                        "full-length sequence lengths"),
+    "form_all_odd_tokens": ("all", "form_all at 197 tokens (mpx pads to 198; the padding "
+                                   "key folded into the bias)"),
+}
 PROBES = {
     "prior_vmap": "a prior per member (the engine's case), 16 tokens",
+    **{case: what for case, (_, what) in FORM_PROBES.items()},
+    "engine_chunk_form_all": "engine_chunk with attention=cudnn in the form 'all'",
     "prior_map": "prior_vmap with the members in lax.map (no vmap): the kernel or its "
                  "batching rule",
     "odd_tokens_padded": "197 tokens (ViT-Tiny at 224 px) with a prior: mpx pads to 198",
@@ -52,19 +72,28 @@ def relative_error(got, want) -> float:
   return (num ** 0.5) / max(den ** 0.5, 1e-30)
 
 
-def _attention_probe(name: str, p: dict, gpu: bool) -> dict:
+def _attention_probe(name: str, p: dict, gpu: bool, backend: str | None = None) -> dict:
   """jit(vmap(value_and_grad)) over 2 members of an attention-level loss, fused against
-  the reference attention on the same bf16 values in float32."""
+  the reference attention on the same bf16 values in float32. A form case runs its form
+  on `backend` (default: cuDNN on a GPU, the XLA path elsewhere)."""
   k_members, b, h, d = 2, p["batch"], p["heads"], p["head_dim"]
-  n = p["odd_tokens"] if name.startswith("odd") else p["tokens"]
+  n = p["odd_tokens"] if "odd" in name else p["tokens"]
   keys = jax.random.split(jax.random.key(0), 5)
   q, k, v = (jax.random.normal(key, (k_members, b, n, h, d), jnp.bfloat16)
              for key in keys[:3])
   m_KHNN = 3 * jax.random.normal(keys[3], (k_members, h, n, n))
   w_KBNHD = jax.random.normal(keys[4], (k_members, b, n, h, d))
-  causal = name == "causal_no_prior"
+  causal = name in ("causal_no_prior", "form_finite_causal")
+  form = attention_lib.CUDNN_FORMS[FORM_PROBES[name][0]] if name in FORM_PROBES else None
+  form_backend = backend or ("cudnn" if gpu else "xla")
 
   def attend(q, k, v, m_HNN, fused: bool):
+    if form is not None:
+      if not fused:
+        return mpx.masked_attention(q, k, v, m_HNN, causal=causal)
+      return attention_lib._masked_attention_fused(q, k, v, m_HNN, None, None, causal, None,
+                                                   None, form_backend, pad_odd=True,
+                                                   form=form)
     if name == "odd_tokens_jax_alone":
       bias_BHNN = jnp.broadcast_to(mpx.mask_bias(m_HNN), (b, h, n, n))
       backend = ("cudnn" if gpu else "xla") if fused else "xla"
@@ -122,8 +151,36 @@ def _vit_probe(p: dict, gpu: bool) -> dict:
           "detail": f"relative error {error:.2g} (tolerance 5e-2)"}
 
 
-def _engine_probe(ctx: context.Context, p: dict, gpu: bool) -> dict:
-  """One chunk of the Boolean model in bf16, fused vs reference attention: the loss."""
+def _form_probe(name: str, p: dict, gpu: bool) -> dict:
+  """A form case: on a GPU through cuDNN; elsewhere the form on the XLA path (its
+  operands compute the attention), then cuDNN tried: "not available", with both."""
+  if gpu:
+    return _attention_probe(name, p, gpu)
+  xla = _attention_probe(name, p, gpu, backend="xla")
+  try:
+    result = _attention_probe(name, p, gpu, backend="cudnn")
+  except Exception as e:  # noqa: BLE001 (no cuDNN here: jax says so)
+    return {"status": "not available",
+            "detail": f"{report.one_line(e)}; on the XLA path ({xla['status']}): "
+                      f"{xla['detail']}"}
+  return result
+
+
+def _engine_probe(ctx: context.Context, p: dict, gpu: bool, form: str | None = None) -> dict:
+  """One chunk of the Boolean model in bf16, fused vs reference attention: the loss. With
+  `form`, cuDNN in that form: `mpx.attention.CUDNN_FORM` set for this chunk's trace."""
+  if form is not None:
+    if not gpu:
+      return {"status": "not available",
+              "detail": 'attention="cudnn" needs an NVIDIA GPU; the form itself is '
+                        "checked on the XLA path by the form cases"}
+    saved, attention_lib.CUDNN_FORM = attention_lib.CUDNN_FORM, attention_lib.CUDNN_FORMS[form]
+    ctx.groups.clear()  # Fresh groups, so the chunk is traced again, with this form.
+    try:
+      return _engine_probe(ctx, p, gpu)
+    finally:
+      attention_lib.CUDNN_FORM = saved
+      ctx.groups.clear()
   losses = []
   for attention in ("cudnn" if gpu else "jax", "reference"):
     preset = ctx.sizes.presets[p["engine_slot"]]
@@ -159,6 +216,10 @@ def run_probes(path: pathlib.Path, cases: list[str], sizes: context.Sizes) -> No
           result = _vit_probe(sizes.probe, gpu)
         elif case == "engine_chunk":
           result = _engine_probe(ctx, sizes.probe, gpu)
+        elif case == "engine_chunk_form_all":
+          result = _engine_probe(ctx, sizes.probe, gpu, form="all")
+        elif case in FORM_PROBES:
+          result = _form_probe(case, sizes.probe, gpu)
         else:
           result = _attention_probe(case, sizes.probe, gpu)
       except Exception as e:  # noqa: BLE001 (an error is a finding)

@@ -1,4 +1,4 @@
-"""Stage 1, the environment: the device, its memory, the versions and the matmul peaks.
+"""The environment stage: the device, its memory, the versions and the matmul peaks.
 
 It always runs, first: every later rate is a fraction of its peaks, and every later
 program is checked against the memory it finds before it runs.

@@ -1,4 +1,4 @@
-"""Stage 4, the models beside the Boolean one: ViT-Tiny and the language model.
+"""The models stage: ViT-Tiny and the language model, beside the Boolean one.
 
 ViT-Tiny at 32 and 224 px with `members_per_call` = 1 and 2 (step time, images/s, device
 memory), and the `wikitext2` language model (tokens/s), each on generated images or

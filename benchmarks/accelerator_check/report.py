@@ -91,5 +91,7 @@ def render(data: dict) -> str:
       lines += ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |"
                 for row in stage["rows"]]
       lines.append("")
+    for table in stage.get("tables", ()):  # Further tables, ready Markdown.
+      lines += [f"{table['title']}:", "", *table["markdown"], ""]
     lines += [note for note in stage["notes"] for note in (note, "")]
   return "\n".join(lines)

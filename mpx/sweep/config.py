@@ -19,7 +19,8 @@ import numpy as np
 def _experiments_package() -> types.ModuleType:
   """`mpx.experiments`: installed from the repository's experiments/ folder by pip, or that
   folder itself when mpx runs from a source checkout on PYTHONPATH (the benchmarks' way),
-  where no installer mapped it (experiments import each other as `mpx.experiments.NAME`)."""
+  where no installer mapped it (`experiment_dirs` finds the experiment files through it, and
+  their reports run as `python -m mpx.experiments.NAME`)."""
   try:
     import mpx.experiments  # noqa: PLC0415
     return mpx.experiments
@@ -42,6 +43,10 @@ def _experiments_package() -> types.ModuleType:
 EXPERIMENTS = _experiments_package()
 
 EXPERIMENT_ATTRIBUTES = ("Config", "PRESETS", "PAPER", "METRICS", "build_groups")
+
+# Optional dependencies → the extra of setup.cfg that installs them.
+EXTRAS = {"tensorflow_datasets": "vision", "grain": "vision", "sklearn": "vision",
+          "tokenizers": "text", "gcsfs": "gcs", "tensorboardX": "tensorboard", "torch": "bench"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +71,12 @@ class SweepConfig:
   keep_checkpoints: int = 2
   select: str | None = None
 
+  def optional_modules(self) -> tuple[str, ...]:
+    """The optional packages (`EXTRAS`) a run of this config imports: `mpx run` checks
+    them first, so a missing install is named before any data path is read. A family
+    whose data needs one overrides this."""
+    return ()
+
   def __post_init__(self):
     if self.seeds < 1:
       raise ValueError(f"seeds must be >= 1; got {self.seeds}.")
@@ -79,6 +90,17 @@ class SweepConfig:
       if value < 0 or value % self.chunk_steps:
         raise ValueError(f"{name}={value} must be 0 or a positive multiple of "
                          f"chunk_steps={self.chunk_steps}.")
+
+
+def check_installed(configs: Sequence[SweepConfig]) -> None:
+  """Raises ModuleNotFoundError, one line naming the install, when an optional package
+  that a run of `configs` imports (`SweepConfig.optional_modules`) is missing."""
+  needed = dict.fromkeys(m for config in configs for m in config.optional_modules())
+  missing = [m for m in needed if importlib.util.find_spec(m) is None]
+  if missing:
+    extras = ",".join(dict.fromkeys(EXTRAS[m] for m in missing))
+    raise ModuleNotFoundError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                              f"not installed: pip install 'mpx[{extras}]'", name=missing[0])
 
 
 def _parse(key: str, raw: str, annotation) -> Any:
@@ -262,6 +284,10 @@ def load_experiment(name_or_path: str) -> types.ModuleType:
   missing = [a for a in EXPERIMENT_ATTRIBUTES if not hasattr(module, a)]
   if missing:
     raise ValueError(f"{path} is not an mpx experiment: it lacks {missing}.")
+  if not (isinstance(module.Config, type) and issubclass(module.Config, SweepConfig)):
+    raise ValueError(f"{path}: its Config must subclass mpx.sweep.config.SweepConfig (the "
+                     "fields every run reads: seeds, chunk_steps, eval_every, ...): "
+                     "@dataclasses.dataclass(frozen=True) class Config(SweepConfig).")
   module.NAME = getattr(module, "NAME", path.stem)
   return module
 

@@ -95,6 +95,57 @@ class Probe:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChunkOptions:
+  """How a training chunk is compiled. None of them changes what it computes, beyond the
+  order XLA may round in: the device A/B (`benchmarks/accelerator_check`, stage "ab")
+  checks each variant's losses against the plain chunk's before it times them.
+
+  scan_unroll: steps per iteration of the chunk's `lax.scan` (jax's `unroll`): fewer loop
+    iterations, each a longer body for XLA to fuse and schedule; compile time grows with it.
+  compiler_options: XLA options of the chunk's program, (name, value) pairs as
+    `jax.jit(compiler_options=...)` takes them; an option another backend ignores (the
+    GPU's command buffers on a CPU) is still checked by name and value there.
+  """
+  scan_unroll: int = 1
+  compiler_options: tuple[tuple[str, str], ...] = ()
+
+  def __post_init__(self):
+    if self.scan_unroll < 1:
+      raise ValueError(f"scan_unroll={self.scan_unroll} must be >= 1.")
+
+
+# XLA:GPU's default command-buffer commands (FUSION ... DYNAMIC_SLICE_FUSION, the defaults
+# of jax 0.10-0.11's XLA) plus WHILE and CONDITIONAL: the chunk's whole `lax.scan` becomes
+# one CUDA graph with conditional nodes instead of a host-driven loop launching each step's
+# graphs. A value replaces the default list (jit's options take no "+WHILE").
+COMMAND_BUFFERS_WITH_LOOPS = ("FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,"
+                              "WHILE,CONDITIONAL")
+# The step variants a config names (`step_variant`), each timed against "plain" by the
+# device A/B.
+STEP_VARIANTS = {
+    "plain": ChunkOptions(),
+    "unroll2": ChunkOptions(scan_unroll=2),
+    "unroll4": ChunkOptions(scan_unroll=4),
+    "graphs": ChunkOptions(compiler_options=(
+        ("xla_gpu_enable_command_buffer", COMMAND_BUFFERS_WITH_LOOPS),)),
+}
+# What `step_variant="auto"` compiles on a GPU (elsewhere: "plain"). The plain step until a
+# device A/B names a faster variant whose losses match it; switching is this one line.
+GPU_STEP_VARIANT = "plain"
+
+
+def chunk_options(step_variant: str) -> ChunkOptions:
+  """The `ChunkOptions` of a step variant: a name of `STEP_VARIANTS`, or "auto"
+  (`GPU_STEP_VARIANT` on a GPU, "plain" elsewhere)."""
+  if step_variant == "auto":
+    step_variant = GPU_STEP_VARIANT if jax.default_backend() == "gpu" else "plain"
+  if step_variant not in STEP_VARIANTS:
+    raise ValueError(f"step_variant={step_variant!r}; choose from "
+                     f"{('auto',) + tuple(STEP_VARIANTS)}.")
+  return STEP_VARIANTS[step_variant]
+
+
+@dataclasses.dataclass(frozen=True)
 class Group:
   """Members trained together, and what the engine needs to train and evaluate them.
 
@@ -109,6 +160,8 @@ class Group:
     probe: persistence diagnostics (None: none); keeps the initial params in the state.
     members_per_call: None vmaps all members at once; m maps them in slices of m
       (`lax.map(batch_size=m)`): the memory valve for large models, same results.
+    chunk_options: how the training chunk is compiled (`ChunkOptions`; `chunk_options`
+      of a config's `step_variant`).
   """
   name: str
   members: Sequence[Member]
@@ -120,6 +173,7 @@ class Group:
   optim: optim.OptimConfig = optim.OptimConfig()
   probe: Probe | None = None
   members_per_call: int | None = None
+  chunk_options: ChunkOptions = ChunkOptions()
 
   def __post_init__(self):
     if not self.members:
@@ -386,12 +440,13 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
   stream_rows = (data.stream_of([m.seed for m in group.members])
                  if isinstance(data, Stream) and data.stacked else None)
   return _compiled_chunk(group.task.loss, group.optim, kind, stream_rows, group.batch_size,
-                         group.steps, chunk_steps, group.members_per_call)
+                         group.steps, chunk_steps, group.members_per_call,
+                         group.chunk_options)
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled_chunk(loss, optim_config, kind, stream_rows, batch_size, total_steps,
-                    chunk_steps, members_per_call):
+                    chunk_steps, members_per_call, options: ChunkOptions):
   member_step = make_member_step(loss, optim_config)
   layout, sampling = kind
 
@@ -446,12 +501,14 @@ def _compiled_chunk(loss, optim_config, kind, stream_rows, batch_size, total_ste
 
     steps = state.step + jnp.arange(chunk_steps, dtype=jnp.int32)
     final, scalars = jax.lax.scan(body, state._replace(initial=None),
-                                  (steps, data if layout == "stream" else None))
+                                  (steps, data if layout == "stream" else None),
+                                  unroll=options.scan_unroll)
     counted = jnp.maximum(jnp.minimum(total_steps - state.step, chunk_steps), 1)
     out = {f"train_{name}": jnp.sum(v, axis=0) / counted for name, v in scalars.items()}
     return final._replace(initial=initial), out | {"alive": final.alive}
 
-  return jax.jit(chunk, donate_argnums=(0,))
+  return jax.jit(chunk, donate_argnums=(0,),
+                 compiler_options=dict(options.compiler_options) or None)
 
 
 # --------------------------------------------------------------------------- devices

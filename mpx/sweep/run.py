@@ -13,13 +13,16 @@ acts on are the `*_EXIT_CODE` constants below (see `mpx run --help`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import pathlib
 import signal
 import sys
+import threading
 import types
+from typing import Callable
 
 import jax
 import numpy as np
@@ -31,10 +34,12 @@ from mpx.sweep import data as data_lib
 from mpx.sweep import distributed
 from mpx.sweep import engine
 from mpx.sweep import evaluate as evaluate_lib
+from mpx.sweep import lock as lock_lib
 from mpx.sweep import memory
 from mpx.sweep import run_folder
 from mpx.sweep import select as select_lib
 from mpx.sweep import stages
+from mpx.sweep import storage
 
 # `mpx run`'s exit codes: 0 done; 1 failed (an unexpected error: a traceback); 2 error
 # (a bad command line, or a config refused when it is built or traced: a one-line message);
@@ -46,8 +51,15 @@ from mpx.sweep import stages
 FAILED_EXIT_CODE = 1
 ERROR_EXIT_CODE = 2
 REFUSED_EXIT_CODE = 3
+# 75 locked: another process is writing the run folder (`lock`): nothing was read or
+# written; the same command succeeds once that process has ended (the launchers wait).
+LOCKED_EXIT_CODE = lock_lib.EXIT_CODE
 PREEMPTED_EXIT_CODE = 143
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports Ctrl-C.
+# 4 storage: a full disk, a denied permission, a bucket refusing a write, or checkpoints of
+# a group none of which restores (one line naming the path and the cause; nothing is
+# retried: fix it, then run the same command again).
+STORAGE_EXIT_CODE = 4
 RESUME_AUTO = "auto"  # `--resume=auto`: start, or continue the same run.
 
 
@@ -98,25 +110,51 @@ class _NothingToResume(Refused, FileNotFoundError):
 
 class _StopFlag:
   """Turns SIGTERM and a first Ctrl-C (SIGINT) into a flag checked between chunks (a chunk
-  is never cut in half, the state is saved) and before each group compiles; a second
-  Ctrl-C stops at once."""
+  is never cut in half, the state is saved) and before each group compiles.
+
+  A second Ctrl-C stops at once, as a SIGKILL would, after printing `stopped()` (what is
+  on disk). A thread reads the signals from Python's wakeup fd, so it acts even while the
+  main thread waits on the device, and ends the process with `os._exit`: an unwinding
+  exit spends seconds joining JAX's and Orbax's threads. Nothing on disk needs the
+  unwinding: checkpoints are finalised by a rename, metrics lines are durable as written.
+  """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  def __init__(self):
+  def __init__(self, stopped: Callable[[], str]):
     self.raised = False
     self.signum = None  # The first signal's.
+    self._stopped = stopped
     self._previous = {}
+    self._wakeup = None  # (write end of the pipe, the wakeup fd it replaced)
 
   def __enter__(self):
     self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)  # set_wakeup_fd's requirement.
+    self._wakeup = (write_fd, signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False))
+    threading.Thread(target=self._watch, args=(read_fd,), name="mpx-second-ctrl-c",
+                     daemon=True).start()
     return self
 
   def _handle(self, signum, frame):
     del frame
-    if signum == signal.SIGINT and self.signum == signal.SIGINT:
-      raise KeyboardInterrupt
     self.raised, self.signum = True, self.signum or signum
+
+  def _watch(self, read_fd: int) -> None:
+    """The signal numbers as they arrive, until `__exit__` closes the pipe."""
+    seen = []
+    with os.fdopen(read_fd, "rb", buffering=0) as wakeup:
+      while data := wakeup.read(16):
+        seen += data
+        if seen[0] == signal.SIGINT and seen.count(signal.SIGINT) > 1:
+          try:
+            newline = "\n" if sys.stderr.isatty() else ""  # Below a progress bar's line.
+            print(f"{newline}mpx run: {self._stopped()}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+          finally:  # Stopped even where the streams are gone.
+            os._exit(INTERRUPTED_EXIT_CODE)
 
   def preempted(self, where: str) -> Preempted:
     """The exception to raise once saved (another host's signal reads as SIGTERM here)."""
@@ -125,8 +163,32 @@ class _StopFlag:
     return Preempted(f"SIGTERM: saved {where}.")
 
   def __exit__(self, *exc):
+    write_fd, previous = self._wakeup
+    signal.set_wakeup_fd(previous)
+    os.close(write_fd)  # The watcher reads the end of the pipe and returns.
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
+
+
+def _stopped(checkpoints: epath.Path, groups: list[engine.Group], resume) -> str:
+  """What a second Ctrl-C leaves on disk (each group's latest checkpoint), and how to go
+  on from it: from a checkpoint where there is one, else by starting again."""
+  try:
+    steps = completed_steps(checkpoints)
+  except Exception as e:  # The process stops anyway: say why nothing could be listed.
+    return (f"stopped by a second Ctrl-C, without saving; the checkpoints in {checkpoints} "
+            f"could not be read ({type(e).__name__}: {e}).")
+  auto = resume == RESUME_AUTO
+  if not steps:
+    start = "the same command" if auto else f"the same command with --resume={RESUME_AUTO}"
+    return (f"stopped by a second Ctrl-C, without saving: no checkpoint was written yet, so "
+            f"there is nothing to continue from; {start} starts the run again.")
+  saved = ", ".join(f"{g.name} at step {steps[g.name]} of {g.steps}" if g.name in steps
+                    else f"{g.name} none yet" for g in groups)
+  again = ("the same command" if auto
+           else f"the same command and --resume (or --resume={RESUME_AUTO})")
+  return (f"stopped by a second Ctrl-C, without saving; checkpoints in {checkpoints}: "
+          f"{saved}. Continue from them with {again}; the steps after them are lost.")
 
 
 def _stop_if_signalled(sigterm: _StopFlag, group: engine.Group, step: int) -> None:
@@ -176,7 +238,10 @@ def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
         state: engine.SweepState | None = None) -> tuple[engine.SweepState, list[dict]]:
   """Trains a group to the end in memory (no run folder, no checkpoints) and evaluates it:
   (final state, metrics per member). The library route for a group built in your own
-  code; `mpx run` adds files, resume and progress around the same chunk."""
+  code; `mpx run` adds files, resume and progress around the same chunk. With a probe the
+  metrics hold the persistence diagnostics but not the heatmaps' [N, N] lists (each
+  member's `prior_pattern`, the attention maps of `map_layers`), which would flood a
+  printout: `mpx run`'s records keep them for its figures."""
   state, hparams, data = engine.place(group, engine.init_state(group) if state is None
                                       else state, mesh)
   chunk = engine.make_train_chunk(group, chunk_steps)
@@ -187,7 +252,16 @@ def fit(group: engine.Group, chunk_steps: int = 50, *, mesh=None,
   finally:
     if feeder is not None:
       feeder.close()
-  return state, evaluate_lib.Evaluator(group)(state)
+  return state, [_without_heatmaps(m) for m in evaluate_lib.Evaluator(group)(state)]
+
+
+def _without_heatmaps(metrics: dict) -> dict:
+  """A member's metrics without the [N, N] lists the heatmaps of `mpx run` read."""
+  metrics = {k: v for k, v in metrics.items() if k != "prior_pattern"}
+  if "layers" in metrics:
+    metrics["layers"] = {layer: {k: v for k, v in values.items() if k != "attention_map"}
+                         for layer, values in metrics["layers"].items()}
+  return metrics
 
 
 def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: epath.Path, *,
@@ -267,6 +341,9 @@ def train_group(group: engine.Group, cfg: config_lib.SweepConfig, checkpoints: e
 # data, e.g. each Boolean task's cube) is compared where the earlier run recorded one.
 INFORMATIONAL = "run"
 FINGERPRINT = "fingerprint"
+# Config keys added after runs were recorded, at the value those runs trained with: a
+# record without one (config.json, a checkpoint's) resumes a run that keeps that value.
+ADDED_KEYS = {"step_variant": "auto"}
 
 
 def _config_differences(previous: dict, saved: dict) -> list[str]:
@@ -278,6 +355,7 @@ def _config_differences(previous: dict, saved: dict) -> list[str]:
   keys = [k for k in ("experiment", "preset", "sweep", "traced")
           if previous.get(k) != saved.get(k)]
   old, new = previous.get("config", {}), saved.get("config", {})
+  old = {k: v for k, v in ADDED_KEYS.items() if k in new} | old
   keys += sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
   if FINGERPRINT in previous:  # Folders written before fingerprints still resume.
     old, new = previous[FINGERPRINT], saved.get(FINGERPRINT, {})
@@ -331,14 +409,41 @@ def _check_checkpoint_config(directory: str | pathlib.Path, stored: dict, saved:
                   "run's --preset and --set, or start a fresh run with another --out.")
 
 
-def _check_checkpoint_configs(root: epath.Path, saved: dict, flag: str = "--resume") -> None:
-  """Every group's latest checkpoint under `root`, read-only, before anything is written."""
+def _intact_steps(root: epath.Path, saved: dict, flag: str = "--resume"
+                  ) -> tuple[dict[str, int], list[checkpoint.DamagedCheckpoint]]:
+  """Each group's newest checkpoint under `root` that restores completely (read whole,
+  read-only, before anything is written; its config checked), and the newer ones that do
+  not, which the run sets aside: {group: step}, [damaged]. A group none of whose
+  checkpoints restores is a StorageError naming its folder: nothing is moved then."""
+  steps, damaged = {}, []
   for directory in sorted(root.iterdir() if root.is_dir() else []):
-    try:
-      stored = checkpoint.restore_config(directory)
-    except FileNotFoundError:  # No finalised step yet: that group starts from scratch.
-      continue
-    _check_checkpoint_config(directory, stored, saved, flag)
+    failed = []  # A group without a finalised step starts from scratch.
+    for step in reversed(checkpoint.all_steps(directory)):
+      try:
+        stored = checkpoint.check_intact(directory, step)
+      except checkpoint.DamagedCheckpoint as e:
+        failed.append(e)
+        continue
+      _check_checkpoint_config(directory, stored, saved, flag)
+      steps[directory.name] = step
+      break
+    if failed and directory.name not in steps:
+      causes = "; ".join(f"step {e.step}: {e.cause}" for e in failed)
+      raise checkpoint.StorageError(
+          f"no checkpoint of group {directory.name} in {directory} restores ({causes})",
+          path=str(directory), cause=causes,
+          fix=f"move the damaged step folders out of {directory} (group "
+              f"{directory.name} then trains from step 0) or put back intact copies")
+    damaged += failed
+  return steps, damaged
+
+
+def _set_aside(damaged: checkpoint.DamagedCheckpoint, steps: dict[str, int]) -> str:
+  """Moves a damaged checkpoint out of the steps Orbax lists; the line that says so."""
+  moved = checkpoint.set_aside(damaged.directory, damaged.step)
+  group = os.path.basename(damaged.directory)
+  return (f"checkpoint step {damaged.step} of group {group} does not restore "
+          f"({damaged.cause}): moved to {moved}; {group} resumes from step {steps[group]}")
 
 
 def _check_run_dir(run_dir: pathlib.Path) -> None:
@@ -396,7 +501,8 @@ def _check_fresh(run_dir: epath.Path, checkpoints: epath.Path, saved: dict) -> N
 
 
 def completed_steps(root: epath.Path) -> dict[str, int]:
-  """Each group's latest checkpointed step under `root`: the metrics to keep on resume."""
+  """Each group's latest checkpointed step under `root` (listed, not read: whether a
+  folder holds progress; `_intact_steps` reads what a resume restores)."""
   steps = {}
   for directory in (root.iterdir() if root.exists() else []):
     latest = checkpoint.latest_step(directory)
@@ -519,7 +625,7 @@ def plan(groups: list[engine.Group], mesh, out: str, completed: dict | None) -> 
 
 def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
                    overrides=(), out_dir: str | None = None, resume: bool | str = False,
-                   devices=None) -> dict:
+                   devices=None, finish=None) -> dict:
   """Builds, trains and reports one experiment; returns the summary dict plus `run_dir`
   (the run folder) and `local_dir`, where its files are written: `run_dir` itself, or for
   a gs:// URL the staging folder `run_folder.push` uploads.
@@ -527,11 +633,29 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   `resume`: False starts fresh (refused where the folder holds an earlier run's progress),
   True continues the folder's run (refused where it holds none, or another), "auto"
   (RESUME_AUTO) does either: it continues where the folder holds progress (a completed
-  checkpoint, or metrics past step 0) and starts fresh where it holds none."""
+  checkpoint, or metrics past step 0) and starts fresh where it holds none.
+
+  The job holds the run folder's lock (`lock.job_lock`; `lock.Locked` where another
+  process holds it) from before it reads the folder until it returns, `finish(result)`
+  (e.g. drawing the plots into the folder) included."""
+  with contextlib.ExitStack() as held:
+    result = _run_experiment(experiment, preset=preset, overrides=overrides, out_dir=out_dir,
+                             resume=resume, devices=devices, hold=held.enter_context)
+    if finish is not None:
+      finish(result)
+    return result
+
+
+def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir, resume,
+                    devices, hold) -> dict:
+  """`run_experiment`; `hold(context)` keeps `context` entered until it returns."""
   if resume not in (False, True, RESUME_AUTO):
     raise ValueError(f"resume must be False, True or {RESUME_AUTO!r}; got {resume!r}.")
   resume_arg = resume
   preset, variants = config_lib.make_configs(experiment, preset, overrides)
+  # A missing install is named first: before a data path is read (the fingerprint, the
+  # groups) or a file written.
+  config_lib.check_installed([c for _, configs in variants for c in configs])
   cfg = variants[0][1][0]
   default_out = f"runs/{config_lib.experiment_stem(experiment)}-{preset}"
   if out_dir is None:
@@ -547,6 +671,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   checkpoints = run_folder.checkpoint_root(out)
   # Where process 0 writes the other files: the folder itself, or a URL's staging folder.
   run_dir = run_folder.staging_dir(out) if url else pathlib.Path(out)
+  # Under `mpx run`: where its libraries' thread errors go (process 0 writes the folder).
+  storage.log_here(run_dir if distributed.is_primary() else None, out)
   command = config_lib.command_line(experiment, preset, overrides, out,
                                     distributed=jax.process_count() > 1)
   saved_config = {"experiment": experiment.NAME, "preset": preset,
@@ -575,21 +701,23 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   # All processes check (each must refuse alike); process 0 alone writes, then all wait.
   if not url:
     _check_run_dir(run_dir)
+  hold(lock_lib.job_lock(out, command))  # One writer per folder, before it is read.
   primary = distributed.is_primary()
   flag = "--resume" if resume is True else f"--resume={RESUME_AUTO}"
   if resume == RESUME_AUTO:  # The same run resumes; a folder without progress starts.
     resume = _has_progress(root, checkpoints) is not None
-  completed = {}
+  completed, damaged = {}, []
   if resume:
     _check_resume_config(root, checkpoints, saved_config, flag)
-    _check_checkpoint_configs(checkpoints, saved_config, flag)
-    completed = completed_steps(checkpoints)
+    completed, damaged = _intact_steps(checkpoints, saved_config, flag)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:
     _check_fresh(root, checkpoints, saved_config)
     keep = lambda r: False  # What a failed start wrote (its step-0 evaluation) goes.
+  aside = []  # Process 0 moves the damaged checkpoints before any process restores.
   if primary:
     run_folder.pull(out, run_dir)
+    aside = [_set_aside(d, completed) for d in damaged]
     if not resume:
       run_dir.mkdir(parents=True, exist_ok=True)
       # Atomic: a kill leaves the old file or the new one, never half of it.
@@ -602,6 +730,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
     print(f"{command}{asked[resume_arg]}  ({jax.device_count()} "
           f"{jax.default_backend()} device(s){staged})", file=sys.stderr)
     print(plan(groups, mesh, out, completed if resume else None), file=sys.stderr)
+    for line in aside:
+      print(line, file=sys.stderr)
   if primary and hasattr(experiment, "save_run_files"):  # E.g. the tokenizer a run trained.
     for _, (variant, *_) in variants:
       experiment.save_run_files(variant, run_dir)
@@ -609,7 +739,8 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   writer = report.MetricsWriter(run_dir, keep=keep) if primary else _NullWriter()
   push = (lambda: run_folder.push(run_dir, out)) if primary else (lambda: None)
   dirs = {"run_dir": out if url else str(run_dir), "local_dir": str(run_dir)}
-  with writer, _StopFlag() as sigterm:
+  stopped = lambda: _stopped(checkpoints, groups, resume_arg)
+  with writer, _StopFlag(stopped) as sigterm:
     for group in groups:
       # A signal during the previous group's final evaluation and save stops here, before
       # this group's init (a stage 2 reads stage 1's graphs), compile and first chunk.

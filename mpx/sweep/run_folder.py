@@ -26,6 +26,7 @@ from etils import epath
 STAGING_ENV = "MPX_STAGING_DIR"  # Where URL runs stage their files (default below).
 _CHECKPOINTS = "checkpoints"
 _MANIFEST = ".mpx-pushed.json"  # In the staging folder: what the last push uploaded.
+_OWN = ".mpx-"  # mpx's own top-level files (the manifest, the run's lock): never copied.
 
 
 def is_url(out: str | os.PathLike) -> bool:
@@ -42,9 +43,9 @@ def check_url(out: str) -> None:
   bucket, _, path = rest.partition("/")
   if not bucket or not path.strip("/"):
     raise ValueError(f"--out {out}: give a folder inside the bucket, gs://BUCKET/PATH.")
-  if not any(importlib.util.find_spec(m) for m in ("gcsfs", "tensorflow")):
-    raise ValueError(f"--out {out}: gs:// needs gcsfs (epath's filesystem for buckets): "
-                     "pip install 'mpx[gcs]'.")
+  if not importlib.util.find_spec("gcsfs"):
+    raise ValueError(f"--out {out}: gs:// needs gcsfs (epath's filesystem for buckets, and "
+                     "the run folder's lock): pip install 'mpx[gcs]'.")
 
 
 def staging_dir(out: str) -> pathlib.Path:
@@ -69,7 +70,7 @@ def _files(root: epath.Path, skip_top: str) -> list[str]:
     folder, rel = todo.pop()
     for child in folder.iterdir() if folder.is_dir() else []:
       name = f"{rel}{child.name}"
-      if name in (skip_top, _MANIFEST):
+      if name == skip_top or name.startswith(_OWN):
         continue
       if child.is_dir():
         todo.append((child, name + "/"))

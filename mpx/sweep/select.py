@@ -17,7 +17,7 @@ import numpy as np
 
 from mpx import report
 
-PREFIX = "val_"
+PREFIX = report.VALIDATION_PREFIX
 DIRECTIONS = ("max", "min")
 
 
@@ -71,10 +71,13 @@ def selection_table(members: Sequence[Mapping[str, Any]], hparam: str, criteria,
   """The Markdown table and JSON rows of the run at each scheme's chosen value: the
   validation score that chose it, then every reported metric, mean ± std over seeds."""
   chosen = choose(members, hparam, criteria)
-  rows, lines = [], []
   names = [n for n, _ in criteria] + list(metric_names)
-  header = f"| task | scheme | {hparam} (chosen) | seeds | " + " | ".join(names) + " |"
-  lines += [header, "|" + "---|" * (4 + len(names))]
+  columns = [("task", "the task"), ("scheme", "the init scheme"),
+             (f"{hparam} (chosen)", f"the {hparam} chosen for the row on validation"),
+             ("seeds", "the seeds that did not diverge / all, at that value"),
+             *report.metric_columns(names, filter(report.is_percent_metric, names))]
+  rows = []
+  lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
   for (task, scheme, others), value in sorted(chosen.items(), key=str):
     at_value = [m for m in members if _line(m, hparam) == (task, scheme, others)
                 and m["hparams"][hparam] == value]
@@ -93,4 +96,4 @@ def selection_table(members: Sequence[Mapping[str, Any]], hparam: str, criteria,
     rows.append(row)
     lines.append(f"| {task} | {scheme} | {value:g} | {len(alive)}/{len(at_value)} | "
                  + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n", rows
+  return report.legend(columns) + "\n" + "\n".join(lines) + "\n", rows

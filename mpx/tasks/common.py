@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from mpx import schemes as schemes_lib
 from mpx.schemes import QK_POS_SCALE
+from mpx.sweep import engine
 from mpx.sweep.config import SweepConfig
 
 
@@ -30,6 +31,11 @@ class PriorConfig(SweepConfig):
       device: slices of one value's members, faster there); m maps them in slices of m
       (the engine's memory valve: same results, less memory, for models too large to
       vmap every member).
+    step_variant: how the training chunk is compiled, a name of
+      `mpx.sweep.engine.STEP_VARIANTS` ("plain"; "unroll2" / "unroll4": the chunk's scan
+      unrolled; "graphs": XLA:GPU command buffers that take in the scan's loop) or "auto":
+      the engine's GPU default (`GPU_STEP_VARIANT`) on a GPU, "plain" elsewhere. Each
+      computes what "plain" does (docs/performance.md).
   weight_decay: the optimizer's decay of every param but the masks (a traced value).
   """
   SCHEME_NAMES: ClassVar[tuple[str, ...]] = schemes_lib.SCHEMES  # A family's valid schemes.
@@ -49,6 +55,7 @@ class PriorConfig(SweepConfig):
   qk_pos_scale: float = QK_POS_SCALE
   probe_size: int = 128
   members_per_call: int | None = None
+  step_variant: str = "auto"
 
   def __post_init__(self):
     super().__post_init__()
@@ -58,6 +65,7 @@ class PriorConfig(SweepConfig):
     if self.members_per_call is not None and self.members_per_call < 1:
       raise ValueError(f"members_per_call={self.members_per_call} must be >= 1 (or none "
                        "to vmap every member at once).")
+    engine.chunk_options(self.step_variant)  # Raises naming the variants.
     for name in ("width", "depth", "num_heads", "head_dim", "mlp_dim", "batch_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")

@@ -1,6 +1,8 @@
-"""The Boolean family: the task registry, the cube and its splits (here), the Fourier
-view (`fourier`), the GOTU experiments' groups (`gotu`), the coverage study's tasks
-(`coverage`) and interaction graphs for discovery (`discover`).
+"""The Boolean family: the tasks, the cube and its splits (`registry`, re-exported here),
+the Fourier view and the MDI (`fourier`), the GOTU experiments' model and groups (`gotu`),
+the coverage study's tasks (`coverage`), interaction graphs read from training
+(`graphs`), discovery's two stages (`discover`) and the planted benchmark's tasks
+(`planted`).
 """
 
 from mpx.tasks.boolean.registry import *  # noqa: F401,F403

@@ -54,7 +54,8 @@ class Config(PriorConfig):
     softmax, LayerNorm and params stay float32): bf16 is for GPUs, slow on CPU.
   attention: "reference", "jax" (`jax.nn.dot_product_attention`'s XLA path, the mask as
     a float32 bias) or "cudnn" (its fused cuDNN kernel: refused, wrong under vmap on
-    jax 0.11.2, see experiments/results/accelerator_check_h200.md).
+    jax 0.11.2, see experiments/results/accelerator_check_h200.md; the accelerator check
+    tries each form of `mpx.attention.CUDNN_FORMS`).
   """
   tasks: tuple[str, ...] = tuple(TASK_PROTOCOL)  # Or your own, see boolean.register_task.
   seeds: int = 10
@@ -468,6 +469,7 @@ def make_group(config: Config, task: boolean.BooleanTask | str,
       name=spec.name, members=list(group_members), task=make_task(config, spec), data=data,
       eval_data=EvalData({"x": x_cube}, config.eval_points_per_call), steps=steps,
       batch_size=config.batch_size, members_per_call=config.members_per_call,
+      chunk_options=engine.chunk_options(config.step_variant),
       probe=persistence_probe(config, spec, group_members) if probe else None,
       optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))
 

@@ -8,9 +8,10 @@ interpolator (MDI), the interpolant of the seen data with the least high-degree 
 The Boolean family (`mpx.tasks.boolean`, which re-exports this module) is one module per
 concern: this one (tasks of the paper and of your own, the cube, splits), `fourier`
 (Fourier analysis, the MDI, function metrics), `gotu` (the experiments' model and groups),
-`coverage` (which unseen points a symmetric mask can carry over, a hypothesis) and
-`discover` (the interaction graph of a task, read from a learned mask or a learned
-function, when it is not known).
+`coverage` (which unseen points a symmetric mask can carry over, a hypothesis), `graphs`
+(the interaction graph of a task, read from a learned mask or a learned function, when it
+is not known), `discover` (training with it: the two stages) and `planted` (a benchmark
+of generated tasks for discovery).
 
 Everything here is host-side numpy. Shapes are in the names: `x_PN` is points x bits, `y_P` one
 value per point. Inputs and targets are float32.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
@@ -197,6 +199,20 @@ def _builtin_task(name: str) -> BooleanTask:
   return _BUILTIN[name]()
 
 
+# The built-in tasks that modules built on this one define, by name: listing names and
+# registering a task import none of them (they load the discovery stack and run the
+# planted generator); a lookup imports the one module that defines the task.
+# tests/test_boolean_tasks.py checks each list against its module's TASK_NAMES.
+_DEFINED_ABOVE = {
+    "coverage": ("cov_parity2", "cov_andnot", "cov_parity3", "cov_window3", "cov_majority5",
+                 "cov_threshold4", "cov_majority3", "cov_majority3_hole"),
+    "planted": ("p00_sparse17", "p01_chain15", "p02_window17", "p03_junta17", "p04_sparse15",
+                "p05_chain17", "p06_window15", "p07_junta16", "p08_sparse17", "p09_chain15",
+                "p10_window16", "p11_junta17", "p12_sparse16", "p13_chain16", "p14_window16",
+                "p15_junta16", "p16_sparse17", "p17_chain15", "p18_window15", "p19_junta15"),
+}
+_BUILTIN_NAMES = TASKS + sum(_DEFINED_ABOVE.values(), ())
+
 _REGISTERED: dict[str, BooleanTask] = {}
 
 
@@ -207,44 +223,29 @@ def register_task(task: BooleanTask) -> BooleanTask:
   if not isinstance(task, BooleanTask):
     raise ValueError(f"register_task takes a BooleanTask (from make_task); got "
                      f"{type(task).__name__}.")
-  if any(task.name in names for names in (_BUILTIN, _coverage().TASKS, _planted().TASKS)):
+  if task.name in _BUILTIN_NAMES:
     raise ValueError(f"{task.name!r} is a built-in task; give yours another name.")
   _REGISTERED[task.name] = task
   return task
 
 
-def _coverage():
-  """The coverage study's tasks (`coverage.TASKS`), imported on first use: that module
-  builds on this one."""
-  from mpx.tasks.boolean import coverage
-  return coverage
-
-
-def _planted():
-  """The planted benchmark's tasks (`planted.TASKS`), imported on first use: that module
-  builds on this one."""
-  from mpx.tasks.boolean import planted
-  return planted
-
-
 def task_names() -> tuple[str, ...]:
   """The built-in tasks (the paper's, the coverage study's, the planted benchmark's),
   then the registered ones."""
-  builtin = TASKS + _coverage().TASK_NAMES + _planted().TASK_NAMES
-  return builtin + tuple(n for n in _REGISTERED if n not in builtin)
+  return _BUILTIN_NAMES + tuple(_REGISTERED)
 
 
 def get_task(name: str) -> BooleanTask:
-  """A task by name: the GOTU tasks of PAPER.md and the coverage study's (one shared
-  instance per name, so caches hit) or one registered with `register_task`."""
+  """A task by name: the GOTU tasks of PAPER.md, the coverage study's and the planted
+  benchmark's (one shared instance per name, so caches hit) or one registered with
+  `register_task`."""
   if name in _REGISTERED:
     return _REGISTERED[name]
   if name in _BUILTIN:
     return _builtin_task(name)
-  if name in _coverage().TASKS:
-    return _coverage().boolean_task(name)
-  if name in _planted().TASKS:
-    return _planted().boolean_task(name)
+  for module, names in _DEFINED_ABOVE.items():
+    if name in names:
+      return importlib.import_module(f"mpx.tasks.boolean.{module}").boolean_task(name)
   raise ValueError(f"unknown Boolean task {name!r}; valid names: "
                    f"{', '.join(task_names())} (define yours with make_task and "
                    "register_task).")

@@ -1,5 +1,5 @@
-"""The language family: decoder groups (here) and the text corpora and tokenizers
-(`text`).
+"""The language family: decoder groups (`task`, re-exported here) and the text corpora
+and tokenizers (`text`).
 """
 
 from mpx.tasks.language.task import *  # noqa: F401,F403

@@ -81,6 +81,10 @@ class Config(PriorConfig):
   dtype: str = "float32"
   implementation: str = "reference"
 
+  def optional_modules(self) -> tuple[str, ...]:
+    """The BPE is the tokenizers library's; bytes need nothing."""
+    return ("tokenizers",) if self.tokenizer == "bpe" else ()
+
   def __post_init__(self):
     super().__post_init__()
     if self.dataset not in text.DATASETS:
@@ -261,6 +265,7 @@ def make_group(config: Config) -> engine.Group:
       data=DeviceData({"tokens": train}, sampling="epoch"),
       eval_data=EvalData({"tokens": evaluated}, config.eval_batch), steps=config.steps,
       batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
+      chunk_options=engine.chunk_options(config.step_variant),
       optim=optim.OptimConfig(optimizer="adamw", schedule="warmup_cosine",
                               total_steps=config.steps, warmup_steps=config.warmup_steps,
                               grad_clip=config.grad_clip, b2=0.95))

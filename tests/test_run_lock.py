@@ -1,0 +1,234 @@
+"""One writer per run folder (`mpx.sweep.lock`): a live holder refuses a second writer, a
+dead one's lock is taken over (its process gone on this machine, its heartbeat stale from
+another), a holder whose lock was taken over stops; a gs:// folder's lock (the GCS
+emulator, which checks `ifGenerationMatch` as GCS does) refuses a holder on another host
+and is taken over by exactly one of several writers once stale; the processes of one
+jax.distributed job share one lock and refuse together. `mpx run` refused while another
+run writes the folder, and resumed after a SIGKILL took its lock down with it:
+tests/test_resume_auto.py.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from etils import epath
+
+from mpx import cli
+from mpx.sweep import lock, run, run_folder
+
+import test_resume_auto as ra  # The toy run's command line and helpers.
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _write_record(folder, **changes) -> dict:
+  """A lock record as another process would have left it in `folder` (a path or URL)."""
+  held = lock.record("mpx run elsewhere") | changes
+  (epath.Path(folder) / lock.LOCK_FILE).write_text(json.dumps(held))
+  return held
+
+
+def _eventually(check, timeout=30.0):
+  deadline = time.monotonic() + timeout
+  while not check():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.02)
+
+
+# --- the lock on its own -------------------------------------------------------------------
+
+def test_a_live_holder_refuses_a_second_writer_and_its_release_leaves_nothing(tmp_path):
+  out = tmp_path / "new" / "run"
+  with lock.Hold(str(out), "mpx run first") as first:
+    assert first.took_over is None
+    held = json.loads((out / lock.LOCK_FILE).read_text())
+    assert (held["pid"], held["host"], held["command"]) == (
+        os.getpid(), socket.gethostname(), "mpx run first")
+    with pytest.raises(lock.Locked) as refused:
+      lock.Hold(str(out), "mpx run second")
+    message = str(refused.value)
+    assert message.startswith(f"{out} is being written by pid {os.getpid()} on "
+                              f"{socket.gethostname()} since ")
+    assert "(mpx run first)" in message and "choose another --out" in message
+    assert json.loads((out / lock.LOCK_FILE).read_text()) == held  # The second wrote nothing.
+  assert not (tmp_path / "new").exists()  # The lock file and the folders made for it: gone.
+
+
+def _dead_pid() -> int:
+  done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  return int(done.stdout)
+
+
+@pytest.mark.parametrize("changes, stale", [
+    (lambda: {"pid": _dead_pid(), "pid_start": None}, "process {pid} on this machine is gone"),
+    (lambda: {"pid_start": "1"}, "process {pid} on this machine is gone"),  # Pid reused.
+    (lambda: {"host": "elsewhere", "heartbeat": time.time() - 125},
+     "its last heartbeat is 125 s old (stale after 120 s)"),
+    (lambda: {"host": "elsewhere", "heartbeat": time.time() - 100}, None),
+    (lambda: {"boot_id": "another boot", "heartbeat": time.time() - 100}, None),
+])
+def test_a_dead_holder_is_taken_over_and_a_live_one_elsewhere_refuses(tmp_path, changes,
+                                                                      stale):
+  """Stale: the holder's process is gone on this machine (no such pid, or another process
+  under its pid), or its heartbeat from another machine is older than 4 of its 30 s beats."""
+  held = _write_record(tmp_path, heartbeat_every=30.0, **changes())
+  if stale is None:
+    with pytest.raises(lock.Locked, match=f"by pid {held['pid']} on {held['host']} since"):
+      lock.Hold(str(tmp_path), "mpx run new")
+    assert json.loads((tmp_path / lock.LOCK_FILE).read_text()) == held
+    return
+  with lock.Hold(str(tmp_path), "mpx run new") as hold:
+    assert hold.took_over == (f"took over the lock of {tmp_path} from pid {held['pid']} on "
+                              f"{held['host']} since {lock._when(held['started'])} (mpx run "
+                              f"elsewhere): {stale.format(pid=held['pid'])}.")
+    assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["command"] == "mpx run new"
+
+
+def test_the_heartbeat_refreshes_and_a_lost_lock_stops_its_holder(tmp_path, monkeypatch):
+  monkeypatch.setenv(lock.HEARTBEAT_ENV, "0.05")
+  lost = []
+  hold = lock.Hold(str(tmp_path), "mpx run", on_lost=lambda where, why: lost.append(why))
+  read = lambda: json.loads((tmp_path / lock.LOCK_FILE).read_text())
+  first = read()["heartbeat"]
+  _eventually(lambda: read()["heartbeat"] > first)
+  other = _write_record(tmp_path, host="elsewhere")  # Taken over after a long stop.
+  _eventually(lambda: lost)
+  assert lost == [f"{tmp_path / lock.LOCK_FILE} now holds {lock.holder(other)}"]
+  hold.release()
+  assert read() == other  # Not removed: it is the other writer's.
+
+
+def test_a_lost_lock_exits_at_once_with_the_locked_status(tmp_path):
+  done = subprocess.run([sys.executable, "-c", "from mpx.sweep import lock; "
+                         "lock._exit_lost('RUN', 'taken'); print('went on')"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert done.returncode == lock.EXIT_CODE == run.LOCKED_EXIT_CODE == 75
+  assert done.stdout == ""
+  assert done.stderr.startswith("mpx run: lost the lock on RUN (taken): ")
+
+
+def test_a_forked_child_does_not_keep_the_lock_of_its_dead_parent(tmp_path):
+  """A data loader's forked worker holds a copy of every open file; the lock's is closed in
+  it, so the lock of a parent that died is free while the worker lingers."""
+  code = ("import os, sys, time\nfrom mpx.sweep import lock\n"
+          "lock.Hold(sys.argv[1], 'parent')\n"
+          "child = os.fork()\n"
+          "if child == 0:\n  [os.dup2(os.open(os.devnull, os.O_WRONLY), fd) for fd in (1, 2)]\n"
+          "  time.sleep(120)\n  os._exit(0)\n"
+          "print(child, flush=True)\nos._exit(0)\n")  # Dies holding it, as SIGKILL would.
+  done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+  child = int(done.stdout)
+  try:
+    with lock.Hold(str(tmp_path), "mpx run again") as hold:
+      assert "is gone" in hold.took_over
+  finally:
+    os.kill(child, signal.SIGKILL)
+
+
+# --- gs:// folders -------------------------------------------------------------------------
+
+def _objects(url):
+  """The names of the objects under `url`."""
+  found, todo = [], [epath.Path(url)] if epath.Path(url).exists() else []
+  while todo:
+    for child in todo.pop().iterdir():
+      todo.append(child) if child.is_dir() else found.append(str(child)[len(url) + 1:])
+  return sorted(found)
+
+
+def test_a_gs_folder_held_from_another_host_refuses_the_run(bucket, capsys):
+  url = f"{bucket}/held"
+  held = _write_record(url, host="other-host", boot_id="its boot")
+  before = _objects(url)
+  assert cli.main(ra._argv(url)) == run.LOCKED_EXIT_CODE
+  err = capsys.readouterr().err
+  assert err.startswith(f"mpx run: locked: {url} is being written by pid {held['pid']} on "
+                        "other-host since "), err
+  assert err.count("\n") == 1
+  assert _objects(url) == before == [lock.LOCK_FILE]  # Nothing read into staging, nothing
+  assert not run_folder.staging_dir(url).exists()    # written.
+
+
+def test_a_stale_gs_lock_is_taken_over_by_exactly_one_of_several_writers(bucket):
+  url = f"{bucket}/stale"
+  _write_record(url, host="other-host", heartbeat=time.time() - 600)
+  start, holds, refused = threading.Barrier(4), [], []
+
+  def writer(i):
+    start.wait()
+    try:
+      holds.append(lock.Hold(url, f"writer {i}"))
+    except lock.Locked as e:
+      refused.append(str(e))
+
+  threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert len(holds) == 1 and len(refused) == 3, refused
+  winner = holds[0]
+  assert "its last heartbeat is 600 s old" in winner.took_over
+  assert all(f"({winner.mine['command']})" in message for message in refused)
+  stored = json.loads((epath.Path(url) / lock.LOCK_FILE).read_text())
+  assert stored["token"] == winner.mine["token"]
+  winner.release()
+  assert _objects(url) == []
+
+
+# --- one job, many processes ---------------------------------------------------------------
+
+JOB = """
+import json, sys
+from mpx.sweep import distributed, lock
+distributed.initialize()
+import jax
+with lock.job_lock(sys.argv[1], "the job") as hold:
+  held = json.load(open(sys.argv[1] + "/.mpx-lock"))
+  print("held", jax.process_index(), hold is not None, held["processes"], held["pid"])
+  distributed.barrier("read")
+"""
+
+
+def _job(out, argv, processes=2):
+  """`processes` processes joined by jax.distributed on CPU, each running `argv` (after
+  python); their (exit status, output)."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("MPX_", "SLURM_"))}
+  procs = [subprocess.Popen(
+      [sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True, env=env | ra._CACHE | {
+          "JAX_PLATFORMS": "cpu", "MPX_DISTRIBUTED": "1",
+          "MPX_COORDINATOR": f"localhost:{port}", "MPX_NUM_PROCESSES": str(processes),
+          "MPX_PROCESS_ID": str(i)}) for i in range(processes)]
+  return [(p.wait(timeout=300), p.stdout.read()) for p in procs]
+
+
+def test_the_processes_of_one_job_share_its_lock_and_refuse_together(tmp_path):
+  out = tmp_path / "run"
+  (zero, said0), (one, said1) = _job(out, ["-c", JOB, str(out)])
+  assert zero == one == 0, said0 + said1
+  pid = json.loads(said0.split("held 0 True 2 ")[1].split()[0])  # Process 0 holds it,
+  assert f"held 1 False 2 {pid}\n" in said1                     # for both.
+  assert not (out / lock.LOCK_FILE).exists()
+  # Another process holds the folder: both processes of an `mpx run` refuse, at once.
+  with lock.Hold(str(out), "another job") as other:
+    (zero, said0), (one, said1) = _job(out, ["-m", "mpx.cli", *ra._argv(out)])
+    assert zero == one == run.LOCKED_EXIT_CODE, said0 + said1
+    assert f"mpx run: locked: {out} is being written by pid {os.getpid()} on " in said0
+    assert "mpx run: locked: " in said1 and "process 0 found the run folder locked" in said1
+    assert list(ra._files(out)) == [pathlib.Path(lock.LOCK_FILE)]  # Nothing written but
+    held = json.loads((out / lock.LOCK_FILE).read_text())          # the other's lock.
+    assert held["token"] == other.mine["token"]

@@ -1,0 +1,315 @@
+"""Storage faults of `mpx run`: a damaged newest checkpoint, a disk that fills up.
+
+A checkpoint whose bytes are damaged is found before the run resumes, said in one line,
+set aside (renamed, never deleted) and the group resumes from its newest checkpoint that
+restores, which then ends bit for bit as an uninterrupted run (locally and in a gs://
+bucket). A disk that fills up during a checkpoint ends the command with one line naming
+the path and the cause, exit status 4, no traceback; the same command afterwards ends
+bit for bit as an uninterrupted run.
+"""
+
+import contextlib
+import errno
+import inspect
+import io
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+from http import HTTPStatus
+
+import jax
+import numpy as np
+import pytest
+from etils import epath
+
+from mpx import checkpoint, cli
+from mpx.sweep import run
+
+import sweep_fixtures as fx
+from test_resume_auto import _CACHE, OVERRIDES, _argv
+
+TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The uninterrupted run (2 groups, checkpoints at steps 4 and 8 of each)."""
+  out = tmp_path_factory.mktemp("reference") / "run"
+  with contextlib.redirect_stderr(io.StringIO()):
+    assert cli.main(_argv(out)) == 0
+  return out
+
+
+def _assert_same_run(reference, out):
+  """Bit for bit: both groups' final state, metrics.jsonl and the summaries (`out` may be
+  a gs:// URL)."""
+  for name in ("toy_a", "toy_b"):
+    a, b = fx.final_state(reference, name, OVERRIDES), fx.final_state(out, name, OVERRIDES)
+    assert int(a.step) == int(b.step) == 8
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+      np.testing.assert_array_equal(x, y)
+  for name in ("metrics.jsonl", "summary.json", "summary.md"):
+    assert (epath.Path(out) / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def _damage(step_dir: epath.Path) -> dict[str, bytes]:
+  """Flips 40 bytes in the middle of each data file of a checkpoint's state (what a bad
+  disk or a torn copy leaves); returns the damaged files' bytes by relative path."""
+  damaged = {}
+  for path in (step_dir / "state" / "d").iterdir():
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 40] = bytes(b ^ 0xFF for b in data[middle:middle + 40])
+    path.write_bytes(bytes(data))
+    damaged[f"state/d/{path.name}"] = bytes(data)
+  assert damaged
+  return damaged
+
+
+def _set_aside_line(err: str, out, group: str, step: int, resumed: int) -> epath.Path:
+  """The one line saying which step did not restore and why; the folder it names."""
+  lines = [line for line in err.splitlines() if "does not restore" in line]
+  assert len(lines) == 1, err[-3000:]
+  match = re.fullmatch(
+      rf"checkpoint step {step} of group {group} does not restore \((DATA_LOSS: .+)\): "
+      rf"moved to (\S+); {group} resumes from step {resumed}", lines[0])
+  assert match, lines[0]
+  assert "checksum" in match.group(1)  # The cause: the damaged bytes fail their CRC.
+  moved = epath.Path(match.group(2))
+  assert moved.parent == epath.Path(out) / "checkpoints" / group
+  assert moved.name.startswith(f"{step}.damaged-")
+  return moved
+
+
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_equal(reference,
+                                                                         tmp_path, capsys):
+  out = tmp_path / "run"
+  shutil.copytree(reference, out)
+  damaged = _damage(epath.Path(out) / "checkpoints" / "toy_b" / "8")
+  assert cli.main(_argv(out)) == 0
+  err = capsys.readouterr().err
+  assert "(resuming: toy_a from step 8, toy_b from step 4)" in err
+  moved = _set_aside_line(err, out, "toy_b", 8, 4)
+  for rel, data in damaged.items():  # Kept as it was, to inspect.
+    assert (moved / rel).read_bytes() == data
+  assert checkpoint.all_steps(out / "checkpoints" / "toy_b") == [4, 8]  # 8 trained again.
+  _assert_same_run(reference, out)
+
+
+def test_no_checkpoint_that_restores_ends_in_one_line_and_moves_nothing(reference, tmp_path,
+                                                                         capsys):
+  """Every checkpoint of a group damaged (here 8's data, and 4's missing metadata, which
+  must not read as a changed config): one line naming the folder and what to do, exit
+  status 4, and nothing moved or rewritten."""
+  out = tmp_path / "run"
+  shutil.copytree(reference, out)
+  group = out / "checkpoints" / "toy_b"
+  _damage(epath.Path(group) / "8")
+  (group / "4" / "state" / "_METADATA").unlink()
+  metrics = (out / "metrics.jsonl").read_bytes()
+  assert cli.main(_argv(out)) == run.STORAGE_EXIT_CODE == 4
+  err = capsys.readouterr().err
+  assert "Traceback" not in err and err.count("\n") == 1, err
+  assert err.startswith(f"mpx run: storage fault: no checkpoint of group toy_b in {group} "
+                        "restores (step 8: DATA_LOSS: "), err
+  assert "step 4: its state has no metadata" in err
+  assert f"move the damaged step folders out of {group}" in err
+  assert sorted(p.name for p in group.iterdir()) == ["4", "8"]
+  assert (out / "metrics.jsonl").read_bytes() == metrics
+
+
+# --- a disk that fills up during a checkpoint ---------------------------------------------
+
+def _driver() -> None:
+  """`python -c '...; _driver()' BALLAST MPX-ARGS...`: mpx's command, whose disk fills up
+  as toy_b's step-4 checkpoint starts. BALLAST: a file on a small filesystem, filled until
+  no space is left; "-" where none could be mounted: the checkpoint's write fails with
+  ENOSPC instead (an OSError as Orbax's writer thread raises it)."""
+  ballast, *argv = sys.argv[1:]
+  save = checkpoint.Checkpointer.save
+
+  def save_on_a_full_disk(self, step, *args, **kwargs):
+    if os.path.basename(self.directory) == "toy_b" and step == 4:
+      if ballast == "-":
+        def write(*args, **kwargs):
+          raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._manager.save = write
+      else:
+        with open(ballast, "wb", buffering=0) as f:
+          with contextlib.suppress(OSError):
+            while True:
+              f.write(bytes(1 << 16))
+    return save(self, step, *args, **kwargs)
+
+  checkpoint.Checkpointer.save = save_on_a_full_disk
+  sys.exit(cli.main(argv))
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+  """A 16 MB tmpfs (None where this process may not mount one: then the test makes the
+  write fail with ENOSPC instead, see `_driver`)."""
+  mount = tmp_path / "small"
+  mount.mkdir()
+  try:
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+                             capture_output=True).returncode == 0
+  except OSError:  # No mount command.
+    mounted = False
+  try:
+    yield mount if mounted else None
+  finally:
+    if mounted:
+      subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_disk_full_during_a_checkpoint_ends_in_one_line_then_the_run_ends_equal(
+    reference, tmp_path, small_filesystem):
+  mount = small_filesystem
+  out = (mount or tmp_path) / "run"
+  ballast = mount / "ballast" if mount else "-"
+  code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
+          "import test_storage_faults; test_storage_faults._driver()")
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("MPX_", "SLURM_"))}
+  env |= _CACHE | {"JAX_PLATFORMS": "cpu", "TMPDIR": str(tmp_path)}
+  failed = subprocess.run([sys.executable, "-c", code, str(ballast), *_argv(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+  assert failed.returncode == run.STORAGE_EXIT_CODE == 4, failed.stderr[-3000:]
+  err = failed.stderr
+  last = err.splitlines()[-1]
+  assert re.fullmatch(
+      rf"mpx run: storage fault: writing checkpoint step 4 to {out}/checkpoints/toy_b/4 "
+      r"failed: No space left on device; fix the storage \(free space, permissions\), then "
+      r"continue with the same command \(it resumes from the last complete checkpoint\)\."
+      r"( Background errors: (\S+))?", last), last
+  # What Orbax's writer threads, asyncio and absl said (where the write failed in a
+  # thread) is kept out of the terminal (test_background_errors_go_to_the_log).
+  before = err[:err.rindex(last)]
+  assert "Traceback" not in err and "ERROR" not in before and "mpx run:" not in before, err
+  if mount:
+    os.remove(ballast)  # Space freed.
+  assert checkpoint.all_steps(out / "checkpoints" / "toy_b") == []
+  with contextlib.redirect_stderr(io.StringIO()):
+    assert cli.main(_argv(out)) == 0
+  _assert_same_run(reference, out)
+
+
+# --- a gs:// run folder -------------------------------------------------------------------
+
+def test_a_damaged_newest_checkpoint_in_a_bucket_is_set_aside(reference, bucket, capsys):
+  """The same fallback in a gs:// run folder (a GCS emulator): found, said, renamed in
+  the bucket, and the run ends as the uninterrupted local one."""
+  out = f"{bucket}/runs/damaged"
+  for path in reference.rglob("*"):  # The finished run, uploaded.
+    if path.is_file():
+      (epath.Path(out) / path.relative_to(reference)).write_bytes(path.read_bytes())
+  damaged = _damage(epath.Path(out) / "checkpoints" / "toy_b" / "8")
+  capsys.readouterr()
+  assert cli.main(_argv(out)) == 0
+  moved = _set_aside_line(capsys.readouterr().err, out, "toy_b", 8, 4)
+  for rel, data in damaged.items():
+    assert (moved / rel).read_bytes() == data
+  _assert_same_run(reference, out)
+
+
+@contextlib.contextmanager
+def _refusing_checkpoint_writes():
+  """The emulator answers 403 Forbidden to every upload into checkpoints/ (a bucket whose
+  policy lets the run write its other files, not its checkpoints)."""
+  from gcp_storage_emulator import server as emulator
+  from gcp_storage_emulator.handlers import objects
+
+  def refusing(upload):
+    def refuse_checkpoints(request, response, storage, *args, **kwargs):
+      if any("/checkpoints/" in name for name in request.query.get("name", [])):
+        response.status = HTTPStatus.FORBIDDEN
+        response.json({"error": {"code": 403, "message": "the bucket refuses this write"}})
+        return None
+      return upload(request, response, storage, *args, **kwargs)
+    return refuse_checkpoints
+
+  replaced = [(handlers, method, handlers[method]) for _, handlers in emulator.HANDLERS
+              for method in (emulator.POST, emulator.PUT)
+              if inspect.unwrap(handlers.get(method, len)) in (objects.insert,
+                                                               objects.xml_upload)]
+  for handlers, method, upload in replaced:
+    handlers[method] = refusing(upload)
+  try:
+    yield
+  finally:
+    for handlers, method, upload in replaced:
+      handlers[method] = upload
+
+
+def test_a_bucket_refusing_a_checkpoint_ends_in_one_line(bucket, capfd):
+  """A bucket that refuses Orbax's checkpoint writes (a 403 to gcsfs or tensorstore, as
+  Orbax writes a file through either): one line naming the checkpoint and the cause, exit
+  status 4, no traceback of Orbax's threads."""
+  out = f"{bucket}/runs/refused"
+  with _refusing_checkpoint_writes():
+    assert cli.main(_argv(out)) == run.STORAGE_EXIT_CODE == 4
+  err = capfd.readouterr().err
+  last = err.splitlines()[-1]
+  assert re.match(rf"mpx run: storage fault: writing checkpoint step 4 to {out}/checkpoints/"
+                  r"toy_a/4 failed: (Forbidden|PERMISSION_DENIED): .*; fix the storage .*, "
+                  r"then continue with the same command", last), last
+  assert "Traceback" not in err and "mpx run:" not in err[:err.rindex(last)], err
+
+
+# --- what the libraries' threads print -----------------------------------------------------
+
+class _ClosedLoopCallback:
+  """What tensorstore's callback into a closed asyncio loop does: an exception Python
+  cannot raise anywhere (printed through sys.unraisablehook)."""
+
+  def __del__(self):
+    raise RuntimeError("Event loop is closed")
+
+
+def test_background_errors_go_to_the_log_that_one_line_names(tmp_path, capfd):
+  """While `mpx run` runs, absl (Orbax) ERROR records with their tracebacks, a thread's
+  uncaught exception and an unraisable one go to RUN_DIR/background-errors.log, named in
+  one line; a storage fault's line names it instead. The hooks are put back after."""
+  from mpx.sweep import storage
+  import logging
+  import threading
+  hooks = (sys.excepthook, sys.unraisablehook, threading.excepthook)
+
+  def fail_in_threads():
+    try:
+      raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+      logging.getLogger("absl").exception("_SignalingThread.run() raised an exception")
+    thread = threading.Thread(target=lambda: 1 / 0, name="array_type_handler")
+    thread.start()
+    thread.join()
+    _ClosedLoopCallback()  # Collected at once: its __del__ raises.
+
+  with storage.background_errors_to_log():
+    storage.log_here(tmp_path, str(tmp_path))
+    fail_in_threads()
+  assert (sys.excepthook, sys.unraisablehook, threading.excepthook) == hooks
+  log = tmp_path / storage.LOG_FILE
+  assert capfd.readouterr().err == (f"mpx run: 3 error(s) of background threads (Orbax, "
+                                    f"asyncio) logged to {log}\n")
+  text = log.read_text()
+  for said in ("No space left on device", "ZeroDivisionError", "Event loop is closed"):
+    assert said in text, said
+  assert text.count("Traceback") == 3
+
+  with storage.background_errors_to_log() as errors:  # Under a fault: its line names it.
+    storage.log_here(tmp_path, "gs://bucket/run")
+    fail_in_threads()
+    line = storage.fault_line(OSError(errno.ENOSPC, "No space left on device"), errors,
+                              "the same command")
+  assert line == (f"mpx run: storage fault: gs://bucket/run: No space left on device; fix the "
+                  "storage (free space, permissions), then continue with the same command "
+                  f"(it resumes from the last complete checkpoint). Background errors: {log}")
+  assert capfd.readouterr().err == ""
+  assert log.read_text().count("Traceback") == 6  # Appended.
+  assert storage.fault_line(ValueError("a bad config"), errors, "x") is None
