@@ -1,6 +1,7 @@
 """Compiling and timing one training chunk, and what a report states beside it (the matmul
 peak, the host's free memory, a table cell): shared by `run.py`, the accelerator check and
-the other benchmarks, so that they all measure and print alike."""
+the other benchmarks, so that they all measure and print alike. Importing it applies
+mpx's per-CPU XLA flags (`mpx.sweep.cpu_flags`), so import it before any jax computation."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mpx.sweep import engine
+from mpx.sweep import cpu_flags, engine
+
+# mpx's XLA flags for this kind of CPU, as `mpx run` adds them, before jax starts its
+# backend (XLA reads them then): every benchmark measures what a run runs.
+CPU_FLAGS_ADDED = cpu_flags.apply()
 
 
 def compile_chunk(group: engine.Group, steps: int, data=None):

@@ -3,7 +3,8 @@
     python benchmarks/run.py                    # both scales, K = 1, 4, 16 (see README for time)
     python benchmarks/run.py --scales quick --members 1 4 16 --steps 32
     python benchmarks/run.py --quick-check      # smoke run: seconds per row, no targets claimed
-    python benchmarks/run.py --write            # also write them to RESULTS (the docs quote it)
+    python benchmarks/run.py --write            # also write RESULTS and docs/performance.md
+    python benchmarks/run.py --settings --settings-args "--cpus 0,1" --write  # + the A/B
 
 Rows: mpx's vmapped group (`engine.make_train_chunk`, K members in one program), a loop
 of single-member jitted steps (quick scale: what a user without the member axis runs),
@@ -13,7 +14,10 @@ exclude compilation, which is printed separately. Achieved FLOP/s = the model's 
 FLOPs per member-step (`chunk_timing.model_matmul_flops`) × member-steps/s, against a
 float32 matmul peak measured by jax in the same process, so the ratios hold on whatever
 machine runs this; XLA's cost analysis of the compiled program is printed beside it, and
-a row where the two differ by more than 2× is marked.
+a row where the two differ by more than 2× is marked. `--settings` adds
+`cpu_settings.py`'s interleaved A/B of XLA:CPU settings (each in its own process) to the
+report. mpx's per-CPU XLA flags (`mpx.sweep.cpu_flags`) are applied when `chunk_timing`
+is imported, as `mpx run` applies them; the report names them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import os
 import pathlib
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -37,18 +42,29 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import chunk_timing  # noqa: E402
+import chunk_timing  # noqa: E402 (applies mpx's per-CPU XLA flags, as `mpx run` does)
 import torch_reference  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
+from mpx.sweep import cpu_flags  # noqa: E402
 from mpx.sweep import engine, optim  # noqa: E402
 from mpx.tasks.boolean import gotu as boolean_gotu  # noqa: E402
 from mpx.tasks import boolean  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "benchmark_cpu.md"
+PAGE = ROOT / "docs" / "performance.md"  # --write replaces its lines between these two:
+BEGIN = "<!-- benchmarks/run.py --write: from here -->"
+END = "<!-- benchmarks/run.py --write: to here -->"
 EXPERIMENT = ROOT / "experiments" / "boolean_gotu.py"
 STEPS = {"quick": 32, "paper": 4}  # Timed steps per chunk when --steps is not given.
-TARGETS = {"paper_vs_torch": 1.5, "paper_peak": 0.60, "quick_vmap_vs_loop": 4.0}
-TARGET_LABELS = {"paper_vs_torch": "paper: mpx (best K) / PyTorch, member-steps/s",
+# The CPU targets: mpx at least PyTorch's rate per member-step with one member and 1.2x
+# it at the best K, at both scales; the paper step at 60% of the matmul peak; vmapping 16
+# quick members 4x a loop of them.
+TARGETS = {"quick_k1": 1.0, "paper_k1": 1.0, "quick_best": 1.2, "paper_best": 1.2,
+           "paper_peak": 0.60, "quick_vmap_vs_loop": 4.0}
+TARGET_LABELS = {"quick_k1": "quick: mpx (K = 1) / PyTorch, member-steps/s",
+                 "paper_k1": "paper: mpx (K = 1) / PyTorch, member-steps/s",
+                 "quick_best": "quick: mpx (best K) / PyTorch, member-steps/s",
+                 "paper_best": "paper: mpx (best K) / PyTorch, member-steps/s",
                  "paper_peak": "paper: mpx achieved FLOP/s / matmul peak",
                  "quick_vmap_vs_loop": "quick: vmapped / loop at K = 16, per member"}
 
@@ -83,7 +99,8 @@ def cpu_model() -> str:
   return match.group(1).strip() if match else platform.machine()
 
 
-def machine_lines() -> list[str]:
+def machine_lines(when: str, at: str) -> list[str]:
+  """The report's lines on the machine and software; `when` and `at`: date and commit."""
   import flax
   import torch
   cores = len(os.sched_getaffinity(0))
@@ -93,8 +110,9 @@ def machine_lines() -> list[str]:
       f"- jax {jax.__version__} ({jax.default_backend()}, devices: "
       f"{', '.join(str(d) for d in jax.devices())}), flax {flax.__version__}",
       f"- torch {torch.__version__}, {torch_reference.num_threads()} thread(s)",
+      f"- {cpu_flags.describe(chunk_timing.CPU_FLAGS_ADDED)}",
       f"- XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
-      f"{datetime.datetime.now().isoformat(timespec='minutes')}; commit {commit()}",
+      f"{when}; commit {at}",
   ]
 
 
@@ -289,15 +307,17 @@ def ratios(rows: list[Row], peak: float) -> list[tuple[str, float | None, float 
   for scale in dict.fromkeys(r.scale for r in rows):
     vmapped, torch_rows = _find(rows, scale, "mpx vmapped"), _find(rows, scale, "PyTorch")
     if vmapped and torch_rows:
+      one = _find(rows, scale, "mpx vmapped", 1)
+      if one:
+        out.append((f"{scale}: mpx (K = 1) / PyTorch, member-steps/s",
+                    one[0].rate / torch_rows[0].rate, targets.pop(f"{scale}_k1", None)))
       best = max(vmapped, key=lambda r: r.rate)
       out.append((f"{scale}: mpx (best K = {best.members}) / PyTorch, member-steps/s",
-                  best.rate / torch_rows[0].rate,
-                  targets.pop("paper_vs_torch") if scale == "paper" else None))
+                  best.rate / torch_rows[0].rate, targets.pop(f"{scale}_best", None)))
     if vmapped:
       best = max(vmapped, key=lambda r: r.achieved() or 0.0)
       out.append((f"{scale}: mpx achieved FLOP/s / matmul peak (best K = {best.members})",
-                  (best.achieved() or 0.0) / peak,
-                  targets.pop("paper_peak") if scale == "paper" else None))
+                  (best.achieved() or 0.0) / peak, targets.pop(f"{scale}_peak", None)))
     loop = _find(rows, scale, "mpx loop")
     for k in sorted({r.members for r in loop}):
       same_k = _find(rows, scale, "mpx vmapped", k)
@@ -314,7 +334,7 @@ def ratios_table(items) -> list[str]:
   for what, value, target in items:
     spec = ".0%" if "peak" in what else ".2f"
     unit = "" if "peak" in what else "x"
-    verdict = ("not run" if value is None else "PASS" if value >= target else "FAIL"
+    verdict = ("not run" if value is None else "met" if value >= target else "**missed**"
                ) if target is not None else ""
     measured = chunk_timing.fmt(value, spec) + (unit if value is not None else "")
     wanted = chunk_timing.fmt(target, spec, "") + (unit if target is not None else "")
@@ -322,7 +342,8 @@ def ratios_table(items) -> list[str]:
   return lines
 
 
-def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool) -> str:
+def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool,
+           settings: str | None = None) -> str:
   peak = max(peaks.values())
   peak_text = ", ".join(f"{n}³ {g:.1f}" for n, g in peaks.items())
   torch_text = ", ".join(f"{n}³ {g:.1f}" for n, g in torch_peaks.items())
@@ -336,20 +357,79 @@ def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool) -> s
       "- params (mpx = torch, asserted): " + ", ".join(f"{s} {n:,}" for s, n in params.items()),
       "", *rows_table(rows, peak), "",
       "GFLOP / member-step (model): the model's matmuls, forward and backward "
-      "(`chunk_timing.model_matmul_flops`), which achieved GFLOP/s divides by; the PyTorch "
+      "(`chunk_timing.model_matmul_flops`), from which achieved GFLOP/s is computed; the PyTorch "
       "row trains the same model. (XLA): XLA's cost analysis of the compiled program (a "
       "scan's body counts once) / K, beside it as a check; ⚠ marks a count off by more "
       f"than {chunk_timing.FLOPS_DISAGREE:g}×. Rates exclude compilation; PyTorch excludes "
       "each member's first step. Memory: XLA's estimate of the compiled chunk's host "
       "memory.", "",
       *ratios_table(ratios(rows, peak))]
+  if settings is not None:
+    lines += ["", "## XLA:CPU settings", "", settings]
   return "\n".join(lines)
 
 
-def write_results(text: str, path: pathlib.Path = RESULTS) -> None:
-  """The report as the results file that docs/performance.md quotes (replaced whole)."""
-  path.write_text("# `benchmarks/run.py`: mpx against PyTorch and the matmul peak (CPU)\n\n"
-                  + text + "\n")
+def machine_name() -> str:
+  return f"{cpu_model()}, {len(os.sched_getaffinity(0))} core(s)"
+
+
+def performance_block(rows, peaks, torch_peaks, machine: str, when: str, at: str,
+                      command: str, settings: list[str] | None) -> str:
+  """What docs/performance.md states of a run on `machine` (`machine_name()`): rates,
+  ratios, each target met or missed, and the settings A/B's verdicts (`settings`: its
+  summary lines)."""
+  peak = max(peaks.values())
+  lines = [f"Measured on {machine}, {when[:10]}, commit {at}, by "
+           f"`{command}` ([experiments/results/benchmark_cpu.md]"
+           "(../experiments/results/benchmark_cpu.md), the whole report):", "",
+           "| scale | K | mpx member-steps/s | PyTorch | mpx / PyTorch | of jax's matmul peak |",
+           "|---|---|---|---|---|---|"]
+  for r in rows:
+    torch_rows = _find(rows, r.scale, "PyTorch")
+    if not r.impl.startswith("mpx vmapped") or not torch_rows:
+      continue
+    theirs, achieved = torch_rows[0].rate, r.achieved()
+    rate, ratio = ((r.note, "–") if np.isnan(r.rate)
+                   else (f"{r.rate:.3f}", f"{r.rate / theirs:.2f}×"))
+    lines.append(f"| {r.scale} | {r.members} | {rate} | {theirs:.3f} | {ratio} | "
+                 f"{chunk_timing.fmt(None if achieved is None else achieved / peak, '.0%')} |")
+  torch_share = ", ".join(
+      f"{r.scale} {r.achieved() / peak:.0%}" for r in rows
+      if r.impl.startswith("PyTorch") and r.achieved() is not None)
+  lines += ["", f"jax's float32 matmul peak: {peak:.1f} GFLOP/s (torch.mm: "
+            f"{max(torch_peaks.values()):.1f}); PyTorch's step reaches {torch_share} of "
+            "jax's peak. Achieved FLOP/s count the model's matmuls "
+            "(`chunk_timing.model_matmul_flops`) × member-steps/s.", "", "Targets:", ""]
+  for what, value, target in ratios(rows, peak):
+    if target is None:
+      continue
+    spec, unit = (".0%", "") if "peak" in what else (".2f", "×")
+    verdict = "not run" if value is None else "met" if value >= target else "**missed**"
+    measured = "–" if value is None else format(value, spec) + unit
+    lines.append(f"- {what} ≥ {format(target, spec)}{unit}: {measured}, {verdict}")
+  lines += ["", "XLA:CPU settings against the defaults, interleaved (`--settings`):" if settings
+            else "XLA:CPU settings: not measured in this run (`--settings` measures them).",
+            *([""] + settings if settings else [])]
+  return "\n".join(lines)
+
+
+def replace_block(page: str, block: str) -> str:
+  """`page` with the lines between its BEGIN and END markers replaced by `block`."""
+  if page.count(BEGIN) != 1 or page.count(END) != 1:
+    raise ValueError(f"{PAGE.relative_to(ROOT)} must hold the lines {BEGIN} and {END} once "
+                     "each, around the part that --write replaces; put them back.")
+  head, rest = page.split(BEGIN)
+  return head + BEGIN + "\n" + block + "\n" + END + rest.split(END)[1]
+
+
+def write_results(text: str, block: str, results: pathlib.Path = RESULTS,
+                  page: pathlib.Path = PAGE) -> None:
+  """The report as the results file (replaced whole) and its summary in
+  docs/performance.md (between the markers)."""
+  updated = replace_block(page.read_text(), block)  # Checked before either file changes.
+  results.write_text("# `benchmarks/run.py`: mpx against PyTorch and the matmul peak (CPU)\n\n"
+                     + text + "\n")
+  page.write_text(updated)
 
 
 # --------------------------------------------------------------------------- main
@@ -369,9 +449,17 @@ def parse_args(argv):
   parser.add_argument("--matmul-sizes", type=int, nargs="+", default=[1024, 2048])
   parser.add_argument("--quick-check", action="store_true",
                       help="smoke run: quick scale, K = 1 and 2, 2 steps, 1 torch seed")
+  parser.add_argument("--settings", action="store_true",
+                      help="also run the interleaved A/B of XLA:CPU settings "
+                           "(benchmarks/cpu_settings.py); its table joins the report")
+  parser.add_argument("--settings-args", default="", metavar="ARGS",
+                      help="cpu_settings.py's options, e.g. '--cpus 0,1 --rounds 3'")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the report to {RESULTS.relative_to(ROOT)}")
+                      help=f"write the report to {RESULTS.relative_to(ROOT)} and its "
+                           f"summary to {PAGE.relative_to(ROOT)}")
   args = parser.parse_args(argv)
+  if args.write and args.quick_check:
+    parser.error("--write records a measurement; a --quick-check run is not one")
   if args.quick_check:
     args.scales, args.members, args.steps, args.repeats = ["quick"], [1, 2], 2, 1
     args.torch_seeds, args.loop_members = 1, 2
@@ -381,7 +469,8 @@ def parse_args(argv):
 def main(argv=None):
   args = parse_args(argv)
   command = "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
-  machine = machine_lines()
+  when, at = datetime.datetime.now().isoformat(timespec="minutes"), commit()
+  machine = machine_lines(when, at)
   print("\n".join(machine), flush=True)
   params = {s: check_param_counts(s) for s in ("quick", "paper")}
   before, after = torch_reference.loss_decreases(torch_scale("quick"))
@@ -404,11 +493,23 @@ def main(argv=None):
     rows.append(time_torch(scale, steps * args.repeats, args.torch_seeds))
     print(rows[-1], flush=True)
 
-  text = report(rows, peaks, torch_peaks, machine, params, command.strip(), args.quick_check)
+  settings = settings_lines = None
+  if args.settings:
+    import cpu_settings
+    plan = cpu_settings.make_plan(cpu_settings.parse_args(
+        shlex.split(args.settings_args) + (["--tiny"] if args.quick_check else [])),
+        chunk_timing.CPU_FLAGS_ADDED)
+    results = cpu_settings.run_ab(plan, lambda line: print(line, flush=True))
+    settings, settings_lines = cpu_settings.report(plan, results), cpu_settings.summary(
+        plan, results)
+
+  text = report(rows, peaks, torch_peaks, machine, params, command.strip(), args.quick_check,
+                settings)
   print("\n" + text)
   if args.write:
-    write_results(text)
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    write_results(text, performance_block(rows, peaks, torch_peaks, machine_name(), when,
+                                          at, command.strip(), settings_lines))
+    print(f"\nwrote {RESULTS.relative_to(ROOT)} and {PAGE.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

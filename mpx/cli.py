@@ -423,7 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.print_help()
     return 0
   if args.command == "run":
-    from mpx.sweep import distributed
+    from mpx.sweep import cpu_flags, distributed
+    added = cpu_flags.apply()  # XLA reads its flags when jax starts its backend: before.
+    if added:
+      print(f"mpx run: {cpu_flags.describe(added)} ({cpu_flags.ENV_SWITCH}=0 turns them off)",
+            file=sys.stderr)
     if distributed.requested(args.distributed):
       distributed.initialize()  # Before any other JAX call.
   try:

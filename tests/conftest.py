@@ -4,12 +4,17 @@ The tests run many small programs once each, so XLA's compile time dominates: LL
 compiles them about a third faster (measured on tests/test_language.py: 95 s vs 140 s)
 and computes the same functions (the golden and equivalence tests hold). The tests that
 start processes pass this XLA_FLAGS on, with their device counts appended.
+
+mpx's per-CPU XLA defaults (`mpx.sweep.cpu_flags`) are off for the session and the
+processes it starts, so that the tests' expected values hold on every kind of CPU;
+tests/test_cpu_flags.py turns them on where it tests them.
 """
 
 import os
 
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
+os.environ["MPX_CPU_DEFAULTS"] = "0"
 
 pytest_plugins = ("gcs_emulator",)  # The `bucket` fixture: a GCS emulator, gs://mpx-test.
 

@@ -38,8 +38,9 @@ _CACHE = {"JAX_COMPILATION_CACHE_DIR": tempfile.mkdtemp(prefix="mpx-test-jax-cac
 
 
 def _env(devices: int, **extra) -> dict:
-  env = {k: v for k, v in os.environ.items()
-         if not k.startswith(("MPX_", "SLURM_")) and k != "XLA_FLAGS"}
+  env = {k: v for k, v in os.environ.items()  # conftest's MPX_CPU_DEFAULTS kept
+         if (not k.startswith(("MPX_", "SLURM_")) or k == "MPX_CPU_DEFAULTS")
+         and k != "XLA_FLAGS"}
   return env | _CACHE | {"JAX_PLATFORMS": "cpu",
                          "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "  # conftest's
                                       f"--xla_force_host_platform_device_count={devices}"

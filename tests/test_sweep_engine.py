@@ -148,6 +148,25 @@ def test_chunk_size_does_not_change_results():
   assert int(a.step) == int(b.step) == 12
 
 
+def test_steps_past_the_end_change_nothing():
+  """A chunk's steps past `group.steps` leave the state bit for bit: a live member stays
+  alive, a dead one dead, and the order stays the last epoch's (the toy data: 4 steps per
+  epoch, so steps 8 and 12, past the end, would redraw it)."""
+  members = [fx.member(0), fx.member(1, lr=1e30), fx.member(2, "default")]
+  g = fx.group(members, steps=6, sampling="epoch")
+  chunk = engine.make_train_chunk(g, 5)  # Steps 0-4, then 5 and four past the end.
+  state, hp, data = engine.place(g, engine.init_state(g), None)
+  for _ in range(2):
+    state, _ = chunk(state, hp, data)
+  done = jax.device_get(state)
+  state, out = chunk(state, hp, data)  # All five past the end.
+  chex.assert_trees_all_equal(jax.device_get(state), done)
+  np.testing.assert_array_equal(done.alive, [True, False, True])
+  assert int(done.step) == 6 and 0 <= int(done.diverged_step[1]) < 6
+  np.testing.assert_array_equal(done.order, engine._epoch_orders(done.key, 1, 64))  # Step 5's.
+  np.testing.assert_array_equal(out["train_loss"], 0.0)
+
+
 def test_epoch_sampling_visits_every_example_once_per_epoch():
   key = jax.random.key(3)
   per_epoch = 64 // 16

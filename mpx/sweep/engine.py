@@ -397,16 +397,18 @@ def make_member_step(loss: Callable, optim_config: optim.OptimConfig) -> Callabl
   def step_fn(params, opt_state, raw_key, alive, diverged_step, hparams, batch, step):
     step_key = jax.random.fold_in(jax.random.wrap_key_data(raw_key), step)
     (value, aux), grads = loss_and_grad(params, batch, jax.random.fold_in(step_key, 1))
-    optimizer = optim.make_optimizer(optim_config, hparams)
-    updates, new_opt_state = optimizer.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    # The optimizer state too: an inf second moment zeroes the update, so the params stay
-    # finite while the member has silently stopped training.
-    finite = jnp.isfinite(value) & _all_finite((new_params, new_opt_state))
-    keep = alive & finite
-    params = _select(keep, new_params, params)
-    opt_state = _select(keep, new_opt_state, opt_state)
-    diverged_step = jnp.where(alive & ~finite, step, diverged_step)
+    with jax.named_scope("optimizer"):  # Scopes name the ops in a profile (profile_step.py).
+      optimizer = optim.make_optimizer(optim_config, hparams)
+      updates, new_opt_state = optimizer.update(grads, opt_state, params)
+      new_params = optax.apply_updates(params, updates)
+    with jax.named_scope("nan_isolation"):
+      # The optimizer state too: an inf second moment zeroes the update, so the params
+      # stay finite while the member has silently stopped training.
+      finite = jnp.isfinite(value) & _all_finite((new_params, new_opt_state))
+      keep = alive & finite
+      params = _select(keep, new_params, params)
+      opt_state = _select(keep, new_opt_state, opt_state)
+      diverged_step = jnp.where(alive & ~finite, step, diverged_step)
     scalars = {"loss": value} | {name: jnp.asarray(v, jnp.float32) for name, v in aux.items()}
     return params, opt_state, keep, diverged_step, jax.tree_util.tree_map(
         lambda v: jnp.where(alive, v, jnp.nan), scalars)
@@ -458,9 +460,10 @@ def _compiled_chunk(loss, optim_config, kind, stream_rows, batch_size, total_ste
     else:
       arrays = own if layout == "per_member" else arrays
       num_examples = next(iter(arrays.values())).shape[0]
-      idx = _batch_indices(jax.random.wrap_key_data(raw_key), step, order, num_examples,
-                           batch_size, sampling)
-      batch = {name: array[idx] for name, array in arrays.items()}
+      with jax.named_scope("batch"):
+        idx = _batch_indices(jax.random.wrap_key_data(raw_key), step, order, num_examples,
+                             batch_size, sampling)
+        batch = {name: array[idx] for name, array in arrays.items()}
     return member_step(params, opt_state, raw_key, alive, diverged_step, hparams, batch,
                        step)
 
@@ -481,10 +484,11 @@ def _compiled_chunk(loss, optim_config, kind, stream_rows, batch_size, total_ste
       order = state.order
       if sampling == "epoch" and total_steps > per_epoch:  # A one-epoch run never redraws.
         # Epoch 0's order comes with the state (init_state), so step 0 needs no redraw.
-        order = jax.lax.cond((step % per_epoch == 0) & (step > 0),
-                             lambda: _epoch_orders(state.key, step // per_epoch,
-                                                   num_examples),
-                             lambda: order)
+        with jax.named_scope("epoch_redraw"):
+          order = jax.lax.cond((step % per_epoch == 0) & (step > 0),
+                               lambda: _epoch_orders(state.key, step // per_epoch,
+                                                     num_examples),
+                               lambda: order)
       shared = batches if layout == "stream" else (None if own is not None else data)
       params, opt_state, alive, diverged_step, scalars = step_members(
           (state.params, state.opt_state, state.key, state.alive, state.diverged_step,
