@@ -131,6 +131,8 @@ def measure_mpx(scale: str, members: int, steps: int, repeats: int, loss_steps: 
 def worker(spec: dict) -> dict:
   """One measurement, in the process `spawn` started: mpx's chunk or PyTorch's steps."""
   if spec["kind"] == "torch":
+    if run.torch_reference is None:
+      return {"error": run.NO_TORCH}
     return {"rate": run.torch_reference.member_steps_per_second(
         run.torch_scale(spec["scale"]), spec["steps"], 1)}
   return measure_mpx(spec["scale"], spec["members"], spec["steps"], spec["repeats"],

@@ -43,12 +43,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import chunk_timing  # noqa: E402 (applies mpx's per-CPU XLA flags, as `mpx run` does)
-import torch_reference  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import cpu_flags  # noqa: E402
 from mpx.sweep import engine, optim  # noqa: E402
 from mpx.tasks.boolean import gotu as boolean_gotu  # noqa: E402
 from mpx.tasks import boolean  # noqa: E402
+
+try:  # PyTorch is optional (the `bench` extra): the A/B's and the reports' code runs without it.
+  import torch_reference  # noqa: E402
+except ModuleNotFoundError as missing:
+  if missing.name != "torch":
+    raise
+  torch_reference = None
+NO_TORCH = "PyTorch is not installed: pip install -e \".[bench]\""
 
 RESULTS = ROOT / "experiments" / "results" / "benchmark_cpu.md"
 PAGE = ROOT / "docs" / "performance.md"  # --write replaces its lines between these two:
@@ -102,14 +109,14 @@ def cpu_model() -> str:
 def machine_lines(when: str, at: str) -> list[str]:
   """The report's lines on the machine and software; `when` and `at`: date and commit."""
   import flax
-  import torch
   cores = len(os.sched_getaffinity(0))
   return [
       f"- CPU: {cpu_model()}; {cores} core(s) in this process's affinity "
       f"(machine: {os.cpu_count()}); {platform.system()} {platform.machine()}",
       f"- jax {jax.__version__} ({jax.default_backend()}, devices: "
       f"{', '.join(str(d) for d in jax.devices())}), flax {flax.__version__}",
-      f"- torch {torch.__version__}, {torch_reference.num_threads()} thread(s)",
+      f"- {NO_TORCH}" if torch_reference is None else
+      f"- torch {torch_reference.torch.__version__}, {torch_reference.num_threads()} thread(s)",
       f"- {cpu_flags.describe(chunk_timing.CPU_FLAGS_ADDED)}",
       f"- XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
       f"{when}; commit {at}",
@@ -468,6 +475,8 @@ def parse_args(argv):
 
 def main(argv=None):
   args = parse_args(argv)
+  if torch_reference is None:
+    sys.exit(f"benchmarks/run.py compares mpx with PyTorch in the same run; {NO_TORCH}")
   command = "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
   when, at = datetime.datetime.now().isoformat(timespec="minutes"), commit()
   machine = machine_lines(when, at)

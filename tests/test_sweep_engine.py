@@ -138,7 +138,10 @@ def test_finiteness_check_is_not_fused_into_every_update():
   state, hp, data = engine.place(g, engine.init_state(g), None)
   hlo = engine.make_train_chunk(g, 2).lower(state, hp, data).compile().as_text()
   operands = [len(args.split(",")) for args in re.findall(r" fusion\((.*?)\), kind=", hlo)]
-  assert operands and max(operands) < len(jax.tree_util.tree_leaves(state.params))
+  # One fusion may read every leaf (jax >= 0.11 fuses the check's concatenation); the chain
+  # made one such fusion per leaf.
+  wide = [n for n in operands if n >= len(jax.tree_util.tree_leaves(state.params))]
+  assert operands and len(wide) <= 1, wide
 
 
 def test_chunk_size_does_not_change_results():
