@@ -490,6 +490,16 @@ def main(argv=None):
   torch_peaks = {n: torch_reference.matmul_gflops(n) for n in args.matmul_sizes}
   print(f"matmul GFLOP/s: jax {peaks}, torch {torch_peaks}", flush=True)
 
+  settings = settings_lines = None
+  if args.settings:  # First, while this process holds little memory (paper K = 16: 17 GiB).
+    import cpu_settings
+    plan = cpu_settings.make_plan(cpu_settings.parse_args(
+        shlex.split(args.settings_args) + (["--tiny"] if args.quick_check else [])),
+        chunk_timing.CPU_FLAGS_ADDED)
+    results = cpu_settings.run_ab(plan, lambda line: print(line, flush=True))
+    settings, settings_lines = cpu_settings.report(plan, results), cpu_settings.summary(
+        plan, results)
+
   rows = []
   for scale in args.scales:
     steps = args.steps or STEPS[scale]
@@ -501,16 +511,6 @@ def main(argv=None):
       print(rows[-1], flush=True)
     rows.append(time_torch(scale, steps * args.repeats, args.torch_seeds))
     print(rows[-1], flush=True)
-
-  settings = settings_lines = None
-  if args.settings:
-    import cpu_settings
-    plan = cpu_settings.make_plan(cpu_settings.parse_args(
-        shlex.split(args.settings_args) + (["--tiny"] if args.quick_check else [])),
-        chunk_timing.CPU_FLAGS_ADDED)
-    results = cpu_settings.run_ab(plan, lambda line: print(line, flush=True))
-    settings, settings_lines = cpu_settings.report(plan, results), cpu_settings.summary(
-        plan, results)
 
   text = report(rows, peaks, torch_peaks, machine, params, command.strip(), args.quick_check,
                 settings)

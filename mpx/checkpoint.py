@@ -475,7 +475,8 @@ def check_intact(directory: str | os.PathLike, step: int) -> dict:
 def set_aside(directory: str | os.PathLike, step: int) -> str:
   """Renames finalised checkpoint `step` to `<step>.damaged-<UTC time>` in the same
   folder, where Orbax lists no step (and removes nothing): kept to inspect, never
-  restored. Returns its new path."""
+  restored (in a bucket, which has no rename, a copy then a delete). Returns its new
+  path."""
   source = epath.Path(_absolute(directory)) / str(step)
   target = source.parent / f"{step}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
   source.rename(target)

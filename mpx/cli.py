@@ -105,13 +105,12 @@ def _run_command(args) -> int:
     print(f"mpx run: locked: {e}", file=sys.stderr)
     return run_lib.LOCKED_EXIT_CODE
   except run_lib.Preempted as e:
-    print(f"mpx run: {e} Continue with {_again(args)}.", file=sys.stderr)
+    print(f"mpx run: {e} Continue with {run_lib.again(args.resume)}.", file=sys.stderr)
     return e.exit_code
   except KeyboardInterrupt:  # Outside training (a second Ctrl-C in it exits at once).
-    again = ("the same command" if args.resume == RESUME_AUTO
-             else f"the same command with --resume={RESUME_AUTO}")
     print("mpx run: stopped by Ctrl-C outside training (while the run was set up or its "
-          f"summary written), so no training was lost; {again} starts or continues it.",
+          f"summary written), so no training was lost; {run_lib.again(args.resume)} starts "
+          "or continues it.",
           file=sys.stderr)
     return run_lib.INTERRUPTED_EXIT_CODE
   return 0
@@ -136,12 +135,6 @@ def _draw_plots(summary: dict, plots: bool) -> None:
   print(f"summary: {run_dir}/summary.md", file=sys.stderr)  # The last line: where to look.
 
 
-def _again(args) -> str:
-  """How to continue a run that stopped: the same command, which must resume."""
-  return ("the same command" if args.resume == RESUME_AUTO
-          else "the same command and --resume (or --resume=auto)")
-
-
 def _run_reporting_storage_faults(args) -> int:
   """`mpx run`, where a storage fault (a full disk, a refused write, checkpoints that do
   not restore) ends in one line and exit status 4, and the libraries' thread errors go to
@@ -152,7 +145,7 @@ def _run_reporting_storage_faults(args) -> int:
     try:
       return _run_command(args)
     except OSError as e:
-      line = storage.fault_line(e, errors, _again(args))
+      line = storage.fault_line(e, errors, run_lib.again(args.resume))
       if line is None:
         raise
       print(line, file=sys.stderr)
@@ -334,7 +327,9 @@ exit status:
        newest one that restores
   75   locked: another process is writing the run directory (its host, pid, start and
        command are named); nothing was read or written. Run the same command once it has
-       ended (a lock whose process died is taken over: see docs/sweeps.md)
+       ended (a lock whose process died is taken over: see docs/sweeps.md). Also a run
+       whose lock another process took over (its heartbeat had stopped): it stops at once,
+       without saving, and the new holder continues from the last checkpoint
   130  interrupted: Ctrl-C, the state is checkpointed as for SIGTERM (a second Ctrl-C
        stops at once, without saving); run the same command again
   143  preempted: SIGTERM, the state is checkpointed; run the same command again

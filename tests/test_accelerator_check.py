@@ -49,6 +49,7 @@ from accelerator_check import report as report_lib  # noqa: E402
 from accelerator_check import sweep  # noqa: E402
 import chunk_timing  # noqa: E402
 import xla_trace  # noqa: E402
+from test_nn import _equations  # noqa: E402 (tests/: walks nested jaxprs)
 
 
 def _device_image_env(tmp: pathlib.Path) -> dict:
@@ -520,9 +521,8 @@ def test_pad_to_even_hides_the_extra_key_and_keeps_even_counts():
   assert attention_lib._pad_to_even(q, q, q, None, None)[0] is q  # No bias: no rule.
 
 
-def test_cudnn_path_pads_before_jax_checks_the_token_count(monkeypatch):
-  """At trace time, without a GPU: jax's cuDNN attention refuses to train with a bias at
-  197 tokens; mpx's cuDNN path hands it 198 under the engine's vmap(value_and_grad)."""
+def _stand_in_for_a_gpu(monkeypatch):
+  """jax's cuDNN attention checks the GPU at trace time: they pass here, as on cuDNN 9.10."""
   from jax._src.cudnn import fused_attention_stablehlo as fused
   for name in ("check_cudnn_version", "check_compute_capability",
                "is_cuda_compute_capability_equal"):
@@ -531,6 +531,12 @@ def test_cudnn_path_pads_before_jax_checks_the_token_count(monkeypatch):
   monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91000)
   monkeypatch.setattr(fused, "check_compute_capability", lambda capability: True)
   monkeypatch.setattr(fused, "is_cuda_compute_capability_equal", lambda capability: False)
+
+
+def test_cudnn_path_pads_before_jax_checks_the_token_count(monkeypatch):
+  """At trace time, without a GPU: jax's cuDNN attention refuses to train with a bias at
+  197 tokens; mpx's cuDNN path hands it 198 under the engine's vmap(value_and_grad)."""
+  _stand_in_for_a_gpu(monkeypatch)
   monkeypatch.setattr(attention_lib, "_check_cudnn", lambda q, k, v: None)  # "On a GPU."
   n = 197
   q_KBNHD = jnp.ones((2, 4, n, 3, 64), jnp.bfloat16)
@@ -614,14 +620,7 @@ def test_a_cudnn_form_reaches_the_kernel_under_the_engines_vmap(monkeypatch):
   over 2 members the "all" form gives cuDNN's primitive a bf16 bias [K·B, H, N, N] and
   full-length sequence lengths [K·B] (jax 0.10's batching rule reshapes every operand to
   K·B, so lengths without the member axis would fail); "broadcast_bias" fails there."""
-  from jax._src.cudnn import fused_attention_stablehlo as fused
-  for name in ("check_cudnn_version", "check_compute_capability",
-               "is_cuda_compute_capability_equal"):
-    if not hasattr(fused, name):
-      pytest.skip(f"jax's cuDNN attention has no {name} to stand in for a GPU")
-  monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91000)
-  monkeypatch.setattr(fused, "check_compute_capability", lambda capability: True)
-  monkeypatch.setattr(fused, "is_cuda_compute_capability_equal", lambda capability: False)
+  _stand_in_for_a_gpu(monkeypatch)
   q_KBNHD = jnp.ones((2, 4, 16, 3, 64), jnp.bfloat16)
   m_KHNN = jnp.zeros((2, 3, 16, 16))
   w_KBNHD = jnp.ones((2, 4, 16, 3, 64))  # Per member, as the engine's output projection.
@@ -643,15 +642,6 @@ def test_a_cudnn_form_reaches_the_kernel_under_the_engines_vmap(monkeypatch):
     assert q_lengths == kv_lengths == ((8,), "int32")
   with pytest.raises(TypeError, match="reshape"):
     step("broadcast_bias")
-
-
-def _equations(jaxpr):
-  for e in jaxpr.eqns:
-    yield e
-    for param in e.params.values():
-      inner = getattr(param, "jaxpr", param)
-      if hasattr(inner, "eqns"):
-        yield from _equations(inner)
 
 
 def test_the_most_members_are_checked_against_xla_before_they_run(monkeypatch):

@@ -137,7 +137,8 @@ def _killed_subprocess(point: str, name: str, argv: list[str]) -> subprocess.Com
 
 def _assert_same_run(reference, out):
   """Bit for bit: the final params (the whole state) of both groups, metrics.jsonl, the
-  summaries; and nothing a killed save left behind."""
+  summaries; and nothing a killed save left behind (`out` may be a gs:// URL)."""
+  out = epath.Path(out)
   for name in ("toy_a", "toy_b"):
     a, b = fx.final_state(reference, name, OVERRIDES), fx.final_state(out, name, OVERRIDES)
     assert int(a.step) == int(b.step) == 8
@@ -145,7 +146,9 @@ def _assert_same_run(reference, out):
       np.testing.assert_array_equal(x, y)
   for name in ("metrics.jsonl", "summary.json", "summary.md"):
     assert (out / name).read_bytes() == (reference / name).read_bytes(), name
-  assert not [p for p in out.rglob("*") if "tmp" in p.name], "temporary files left"
+  if not str(out).startswith("gs://"):  # epath walks no bucket recursively.
+    local = pathlib.Path(out)
+    assert not [p for p in local.rglob("*") if "tmp" in p.name], "temporary files left"
 
 
 @pytest.fixture(scope="module")

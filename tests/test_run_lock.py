@@ -8,6 +8,7 @@ run writes the folder, and resumed after a SIGKILL took its lock down with it:
 tests/test_resume_auto.py.
 """
 
+import errno
 import json
 import os
 import pathlib
@@ -71,6 +72,9 @@ def _dead_pid() -> int:
 @pytest.mark.parametrize("changes, stale", [
     (lambda: {"pid": _dead_pid(), "pid_start": None}, "process {pid} on this machine is gone"),
     (lambda: {"pid_start": "1"}, "process {pid} on this machine is gone"),  # Pid reused.
+    # A live pid without a start time (no /proc): the free flock says it is not the holder.
+    (lambda: {"pid": os.getppid(), "pid_start": None},
+     "process {pid} on this machine no longer holds its flock"),
     (lambda: {"host": "elsewhere", "heartbeat": time.time() - 125},
      "its last heartbeat is 125 s old (stale after 120 s)"),
     (lambda: {"host": "elsewhere", "heartbeat": time.time() - 100}, None),
@@ -91,6 +95,29 @@ def test_a_dead_holder_is_taken_over_and_a_live_one_elsewhere_refuses(tmp_path, 
                               f"{held['host']} since {lock._when(held['started'])} (mpx run "
                               f"elsewhere): {stale.format(pid=held['pid'])}.")
     assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["command"] == "mpx run new"
+
+
+def test_a_lock_whose_record_cannot_be_written_is_let_go(tmp_path, monkeypatch):
+  """A full disk at the first write: no lock file, flock or folder stays behind, and the
+  next start takes the lock."""
+  out = tmp_path / "new" / "run"
+  def full(self, mine):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  with monkeypatch.context() as patch:
+    patch.setattr(lock._LocalLock, "write", full)
+    with pytest.raises(OSError, match="No space"):
+      lock.Hold(str(out), "mpx run")
+  assert not (tmp_path / "new").exists() and not lock._HELD_FDS
+  with lock.Hold(str(out), "mpx run") as hold:
+    assert hold.took_over is None
+
+
+def test_a_second_release_touches_nothing(tmp_path):
+  hold = lock.Hold(str(tmp_path / "run"), "mpx run")
+  hold.release()
+  with open(tmp_path / "other", "w") as other:  # May reuse the lock file's descriptor.
+    hold.release()
+    other.write("still open")
 
 
 def test_the_heartbeat_refreshes_and_a_lost_lock_stops_its_holder(tmp_path, monkeypatch):

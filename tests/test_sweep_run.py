@@ -312,8 +312,8 @@ def test_a_second_ctrl_c_stops_at_once_and_says_what_is_on_disk(tmp_path):
     assert ckpt.latest_step() == 2
   assert lines == [
       f"mpx run: stopped by a second Ctrl-C, without saving; checkpoints in {out}/checkpoints:"
-      " toy_a at step 2 of 24, toy_b none yet. Continue from them with the same command and "
-      "--resume (or --resume=auto); the steps after them are lost."]
+      " toy_a at step 2 of 24, toy_b none yet. Continue from them with the same command with "
+      "--resume=auto; the steps after them are lost."]
   assert {r["step"] for r in report.read_metrics(out)} == {0}  # Whole lines, as written.
 
 

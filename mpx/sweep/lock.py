@@ -140,13 +140,17 @@ def _same_machine(held: dict, machine: dict) -> bool:
   return all(held.get(k) == v for k, v in machine.items())
 
 
-def stale_reason(held: dict) -> str | None:
-  """Why the lock `held` is stale (its holder is gone), or None while it is live."""
+def stale_reason(held: dict, flock_free: bool = False) -> str | None:
+  """Why the lock `held` is stale (its holder is gone), or None while it is live.
+  `flock_free`: this process took the lock file's flock, which a live holder of this
+  machine keeps (so a reused pid cannot look like the holder)."""
   if not held:
     return "its record is unreadable"
   if _same_machine(held, _machine()):
     if _process_gone(held["pid"], held.get("pid_start")):
       return f"process {held['pid']} on this machine is gone"
+    if flock_free:  # E.g. its pid now another process's, where pids have no start time.
+      return f"process {held['pid']} on this machine no longer holds its flock"
     return None
   age, bound = time.time() - held["heartbeat"], STALE_BEATS * held["heartbeat_every"]
   if age > bound:
@@ -162,7 +166,8 @@ def _locked(where: str, held: dict | None) -> Locked:
   age = time.time() - held["heartbeat"]
   return Locked(f"{where} is being written by {holder(held)}, last heartbeat {age:.0f} s "
                 f"ago; wait for it to end, stop it (kill {held['pid']} on {held['host']}: "
-                "SIGTERM saves first), or choose another --out.")
+                f"SIGTERM saves first), or choose another --out (if that process is not "
+                f"an mpx run of this folder, remove {where}/{LOCK_FILE}).")
 
 
 def _encode(mine: dict) -> bytes:
@@ -226,6 +231,7 @@ class _LocalLock:
     try:
       for _ in range(_TRIES):
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        flocked = True
         try:
           fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # A live process of this machine holds it.
@@ -236,11 +242,12 @@ class _LocalLock:
           if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             os.close(fd)
             raise
+          flocked = False
         if not _same_file(fd, self.path):  # Released (unlinked) after we opened it.
           os.close(fd)
           continue
         held = _decode(os.pread(fd, 1 << 16, 0))
-        reason = None if held is None else stale_reason(held)
+        reason = None if held is None else stale_reason(held, flock_free=flocked)
         if held is not None and reason is None:
           os.close(fd)
           raise _locked(str(self.path.parent), held)
@@ -251,6 +258,10 @@ class _LocalLock:
       raise Locked(f"{self.path.parent}: its lock changed hands {_TRIES} times while it "
                    "was read; another process is starting there, try again.")
     except BaseException:
+      if self.fd >= 0:  # Taken, but its record could not be written (e.g. a full disk).
+        with contextlib.suppress(OSError):
+          self.path.unlink()
+        self._close()
       self._remove_made()
       raise
 
@@ -289,12 +300,18 @@ class _LocalLock:
 
   def release(self, mine: dict) -> None:
     """Removes the lock file (if still ours) and the folders `take` made, if empty."""
+    if self.fd < 0:  # Released already.
+      return
     with contextlib.suppress(OSError):
       if self._taken_by(mine) is None:
         self.path.unlink()
+    self._close()
+    self._remove_made()
+
+  def _close(self) -> None:
     _HELD_FDS.discard(self.fd)
     os.close(self.fd)
-    self._remove_made()
+    self.fd = -1
 
   def _remove_made(self) -> None:
     for folder in self.made:  # Deepest first; a folder the run wrote into stays.
@@ -362,7 +379,10 @@ class _BucketLock:
     try:
       self.generation = self._upload(mine, self.generation)
     except FileExistsError:
-      held, generation = self._download()
+      try:
+        held, generation = self._download()
+      except FileNotFoundError:
+        raise Lost(f"{self.where}/{LOCK_FILE} was removed") from None
       if held.get("token") != mine["token"]:
         raise Lost(f"{self.where}/{LOCK_FILE} now holds "
                    f"{holder(held) if held else 'another record'}") from None
@@ -453,12 +473,12 @@ def job_lock(out: str, command: str):
       hold = Hold(out, command, jax.process_count())
     except Exception as e:  # Raised on every process, after they all know.
       failure = e
-  if distributed.any_process(failure is not None):
-    raise failure or Locked(f"{out}: process 0 found the run folder locked, or could not "
-                            "take its lock (its output says why).")
-  if hold is not None and hold.took_over:
-    print(f"mpx run: {hold.took_over}", file=sys.stderr)
   try:
+    if distributed.any_process(failure is not None):
+      raise failure or Locked(f"{out}: process 0 found the run folder locked, or could not "
+                              "take its lock (its output says why).")
+    if hold is not None and hold.took_over:
+      print(f"mpx run: {hold.took_over}", file=sys.stderr)
     yield hold
   finally:
     if hold is not None:

@@ -148,6 +148,9 @@ class _StopFlag:
       while data := wakeup.read(16):
         seen += data
         if seen[0] == signal.SIGINT and seen.count(signal.SIGINT) > 1:
+          deadline = threading.Timer(2.0, os._exit, (INTERRUPTED_EXIT_CODE,))
+          deadline.daemon = True  # Where listing the checkpoints hangs (a bucket).
+          deadline.start()
           try:
             newline = "\n" if sys.stderr.isatty() else ""  # Below a progress bar's line.
             print(f"{newline}mpx run: {self._stopped()}", file=sys.stderr)
@@ -170,6 +173,13 @@ class _StopFlag:
       signal.signal(signum, handler)
 
 
+def again(resume) -> str:
+  """How to go on after a stop: the same command, with `--resume=auto` where it had none
+  (right whether or not a checkpoint was written)."""
+  return ("the same command" if resume == RESUME_AUTO
+          else f"the same command with --resume={RESUME_AUTO}")
+
+
 def _stopped(checkpoints: epath.Path, groups: list[engine.Group], resume) -> str:
   """What a second Ctrl-C leaves on disk (each group's latest checkpoint), and how to go
   on from it: from a checkpoint where there is one, else by starting again."""
@@ -178,17 +188,13 @@ def _stopped(checkpoints: epath.Path, groups: list[engine.Group], resume) -> str
   except Exception as e:  # The process stops anyway: say why nothing could be listed.
     return (f"stopped by a second Ctrl-C, without saving; the checkpoints in {checkpoints} "
             f"could not be read ({type(e).__name__}: {e}).")
-  auto = resume == RESUME_AUTO
   if not steps:
-    start = "the same command" if auto else f"the same command with --resume={RESUME_AUTO}"
     return (f"stopped by a second Ctrl-C, without saving: no checkpoint was written yet, so "
-            f"there is nothing to continue from; {start} starts the run again.")
+            f"there is nothing to continue from; {again(resume)} starts the run again.")
   saved = ", ".join(f"{g.name} at step {steps[g.name]} of {g.steps}" if g.name in steps
                     else f"{g.name} none yet" for g in groups)
-  again = ("the same command" if auto
-           else f"the same command and --resume (or --resume={RESUME_AUTO})")
   return (f"stopped by a second Ctrl-C, without saving; checkpoints in {checkpoints}: "
-          f"{saved}. Continue from them with {again}; the steps after them are lost.")
+          f"{saved}. Continue from them with {again(resume)}; the steps after them are lost.")
 
 
 def _stop_if_signalled(sigterm: _StopFlag, group: engine.Group, step: int) -> None:
@@ -709,6 +715,7 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   completed, damaged = {}, []
   if resume:
     _check_resume_config(root, checkpoints, saved_config, flag)
+    # Every process reads them: Orbax's checkpoint manager synchronises the processes.
     completed, damaged = _intact_steps(checkpoints, saved_config, flag)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:

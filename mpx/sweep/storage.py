@@ -40,6 +40,7 @@ class BackgroundErrors(logging.Filter):
     self.run_dir: str | None = None
     self.out: str | None = None  # The run folder as named (a gs:// URL, or run_dir).
     self.written: str | None = None  # The log file, once written.
+    self._flushed = 0  # How many of `lines` are in it (or on stderr).
 
   def filter(self, record: logging.LogRecord) -> bool:
     if record.levelno < logging.ERROR:
@@ -55,15 +56,19 @@ class BackgroundErrors(logging.Filter):
     self.lines += [f"{where}:\n"] + traceback.format_exception(error)
 
   def write(self) -> str | None:
-    """Appends the lines to RUN_DIR/background-errors.log (a temporary file where the run
-    folder is unknown or cannot take it); returns its path (None: nothing to write). Where
-    no file takes them either, they go to stderr after all: never lost."""
-    if not self.lines or self.written:
+    """Appends the lines not written yet to the log: the file written before, else
+    RUN_DIR/background-errors.log, else (the run folder unknown or unable to take them)
+    a temporary file; returns its path (None: nothing caught). Where no file takes them,
+    they go to stderr after all: never lost."""
+    if len(self.lines) == self._flushed:
       return self.written
     text = (f"== mpx run, process {os.getpid()}, "
-            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n" + "".join(self.lines))
-    if self.run_dir and os.path.isdir(self.run_dir):
-      path = os.path.join(self.run_dir, LOG_FILE)
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+            + "".join(self.lines[self._flushed:]))
+    self._flushed = len(self.lines)
+    local = (os.path.join(self.run_dir, LOG_FILE)
+             if self.run_dir and os.path.isdir(self.run_dir) else None)
+    for path in dict.fromkeys(p for p in (self.written, local) if p):
       size = os.path.getsize(path) if os.path.exists(path) else None
       try:
         with open(path, "a", encoding="utf-8") as f:
@@ -79,8 +84,7 @@ class BackgroundErrors(logging.Filter):
         f.write(text)
     except OSError:
       sys.stderr.write(text)
-      self.lines = []
-      return None
+      return self.written
     self.written = path
     return path
 
@@ -102,11 +106,11 @@ def background_errors_to_log() -> Iterator[BackgroundErrors]:
   (Orbax) and asyncio ERROR records, uncaught exceptions of threads, exceptions that
   cannot be raised (tensorstore's callbacks into a closed event loop). Each hook is put
   back after; what was caught is written to the log and named in one line, unless the
-  command's own last line (`fault_line`) named it already."""
+  command's own last line (`fault_line`) named that log already (what came after it is
+  appended there). The main thread's own exceptions are the command's to report."""
   global _active
   errors = BackgroundErrors()
-  hooks = (sys.excepthook, sys.unraisablehook, threading.excepthook)
-  sys.excepthook = lambda kind, error, trace: errors.add("uncaught", error)
+  hooks = (sys.unraisablehook, threading.excepthook)
   sys.unraisablehook = lambda u: errors.add(f"unraisable ({u.err_msg or 'ignored'})",
                                             u.exc_value)
   threading.excepthook = lambda a: errors.add(
@@ -121,8 +125,9 @@ def background_errors_to_log() -> Iterator[BackgroundErrors]:
     _active = None
     for name in _LOGGERS:
       logging.getLogger(name).removeFilter(errors)
-    sys.excepthook, sys.unraisablehook, threading.excepthook = hooks
-    if errors.lines and not errors.written and (log := errors.write()):
+    sys.unraisablehook, threading.excepthook = hooks
+    named = errors.written
+    if (log := errors.write()) and log != named:
       print(f"mpx run: {errors.count} error(s) of background threads (Orbax, asyncio) "
             f"logged to {log}", file=sys.stderr)
 
