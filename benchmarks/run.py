@@ -477,7 +477,7 @@ def main(argv=None):
   args = parse_args(argv)
   if torch_reference is None:
     sys.exit(f"benchmarks/run.py compares mpx with PyTorch in the same run; {NO_TORCH}")
-  command = "python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
+  command = "python benchmarks/run.py " + shlex.join(sys.argv[1:] if argv is None else argv)
   when, at = datetime.datetime.now().isoformat(timespec="minutes"), commit()
   machine = machine_lines(when, at)
   print("\n".join(machine), flush=True)

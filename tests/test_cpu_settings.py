@@ -172,8 +172,8 @@ def test_the_tiny_ab_runs_end_to_end():
   plan = cpu_settings.make_plan(args, ())
   plan.candidates += (C("same", ("--xla_cpu_collective_timeout_seconds=1234",), hlo=True),)
   out = cpu_settings.report(plan, cpu_settings.run_ab(plan, lambda line: None))
-  torch_row = ("| quick:1 | PyTorch | 2 | " if run.torch_reference else
-               f"| quick:1 | PyTorch | 2 | {run.NO_TORCH} |")  # Optional: the A/B goes on.
+  torch_row = f"| quick:1 | PyTorch | {len(plan.cpus)} | " + (  # This process's cores.
+      "" if run.torch_reference else f"{run.NO_TORCH} |")  # Optional: the A/B goes on.
   assert torch_row in out, out
   assert "| default's | round 2 against round 1: bit for bit (4 steps) |" in out, out
   assert "- same: inert on this jaxlib: the same HLO in every case" in out, out

@@ -44,11 +44,13 @@ class Default:
   reason: str
 
 
-# Empty: no setting has yet been measured on idle cores (`benchmarks/run.py --settings`
-# is the A/B). On a shared 2-core AMD EPYC (jaxlib 0.10.2) YNNPACK's reductions off
-# (`--xla_cpu_experimental_ynn_fusion_type=-reduce`) ran faster at quick K = 1 and 16 but
-# moved the training loss in its last bits within 64 steps: it needs the idle A/B and the
-# preset guard. An entry reads, e.g.:
+# Empty: no setting has been faster in every case on a CPU measured. AMD EPYC with AVX-512,
+# 2 cores, jaxlib 0.10.2 (`benchmarks/run.py --settings`, 2026-12-06, 5b5d78a, 3 rounds):
+# `--xla_cpu_multi_thread_eigen=false`, bit for bit, 0.87x at quick K = 1 and 1.02x
+# (1.01-1.26) at quick K = 16; YNNPACK off or its dots to Eigen 1.18-1.20x at paper K = 16,
+# 0.78-0.96x at quick, and the loss moves in its last bits; YNNPACK's reductions off
+# (`--xla_cpu_experimental_ynn_fusion_type=-reduce`) within noise (0.76-1.39x) and the loss
+# moves; oneDNN and XNNPACK switches inert. An entry reads, e.g.:
 #   Default(CpuKind("intel", "avx512"), "0.10.", ("--xla_cpu_...=...",),
 #           "run.py --settings, <machine>, <date>, <commit>: quick K = 1 1.15x (1.10-1.20),
 #            ...; loss bit for bit over 32 steps")
