@@ -429,6 +429,30 @@ def replace_block(page: str, block: str) -> str:
   return head + BEGIN + "\n" + block + "\n" + END + rest.split(END)[1]
 
 
+SETTINGS_HEADING = "## XLA:CPU settings"
+SETTINGS_INTRO = "XLA:CPU settings against the defaults, interleaved (`--settings`):"
+_STAMP = re.compile(r"; (\d{4}-\d\d-\d\dT\d\d:\d\d); commit (\w+)")  # report()'s machine line.
+_CARRIED = re.compile(r"From the run of (\S+) at commit (\w+)[^\n]*\n\n")
+
+
+def earlier_settings(results_text: str, page_text: str) -> tuple[str | None, list | None]:
+  """The last settings A/B of the results file and of the page's block, marked with the
+  run that measured it: a `--write` without `--settings` keeps what the A/B (an hour or
+  more) found instead of dropping it. (None, None) where there is none."""
+  if SETTINGS_HEADING not in results_text or SETTINGS_INTRO not in page_text:
+    return None, None
+  section = results_text.split(SETTINGS_HEADING, 1)[1].strip()
+  carried = _CARRIED.match(section)  # Carried before: keep its origin, not this file's.
+  origin = carried or _STAMP.search(results_text)
+  origin = f"the run of {origin[1]} at commit {origin[2]}" if origin else "an earlier run"
+  section = section[carried.end():] if carried else section
+  block = page_text.split(SETTINGS_INTRO, 1)[1].split(END, 1)[0]
+  lines = [line for line in block.splitlines()
+           if line.startswith("- ") and not line.startswith("- (from ")]
+  return (f"From {origin}; this run did not measure them (`--settings`).\n\n{section}",
+          [f"- (from {origin}; not measured again since)"] + lines)
+
+
 def write_results(text: str, block: str, results: pathlib.Path = RESULTS,
                   page: pathlib.Path = PAGE) -> None:
   """The report as the results file (replaced whole) and its summary in
@@ -499,6 +523,10 @@ def main(argv=None):
     results = cpu_settings.run_ab(plan, lambda line: print(line, flush=True))
     settings, settings_lines = cpu_settings.report(plan, results), cpu_settings.summary(
         plan, results)
+
+  if args.write and settings is None:
+    settings, settings_lines = earlier_settings(
+        RESULTS.read_text() if RESULTS.exists() else "", PAGE.read_text())
 
   rows = []
   for scale in args.scales:

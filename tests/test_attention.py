@@ -249,3 +249,48 @@ def test_bad_qkv_and_options_raise():
     mpx.masked_attention(q, k, v, padding_mask=jnp.ones((B, N + 1), bool))
   with pytest.raises(ValueError, match="implementation"):
     mpx.masked_attention(q, k, v, implementation="flash")
+
+
+def _attention_grads(q, k, v, m_HNN, w):
+  """Gradients of a weighted sum of the output in q, k, v and M: the training step's."""
+  loss = lambda q, k, v, m: jnp.sum(mpx.masked_attention(q, k, v, m, causal=True) * w)
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, m_HNN)
+
+
+def test_cpu_products_match_the_einsums(monkeypatch):
+  """On XLA:CPU the attention products carry their own JVP (so that the backward pass
+  contracts row-major operands): the output is the einsum's bit for bit, the gradients
+  (reverse mode) and a JVP (forward mode) agree with the einsum's own to 1e-6 of their
+  largest entry (the dots sum in another order)."""
+  q, k, v = _qkv(16)
+  m_HNN = jax.random.normal(jax.random.key(17), (H, N, N)) * 2
+  w = jax.random.normal(jax.random.key(18), (B, N, H, D))
+  jvp = lambda: jax.jvp(lambda q, v: mpx.masked_attention(q, k, v, m_HNN), (q, v), (k, w))
+  fast = (mpx.masked_attention(q, k, v, m_HNN), _attention_grads(q, k, v, m_HNN, w), jvp())
+  monkeypatch.setattr(mpx.attention, "_on_cpu_float32", lambda *arrays: False)
+  einsum = (mpx.masked_attention(q, k, v, m_HNN), _attention_grads(q, k, v, m_HNN, w), jvp())
+  np.testing.assert_array_equal(fast[0], einsum[0])
+  for got, want in zip(jax.tree_util.tree_leaves(fast[1:]),
+                       jax.tree_util.tree_leaves(einsum[1:])):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * float(jnp.max(jnp.abs(want))))
+
+
+@pytest.mark.parametrize("members", [None, 3])
+def test_no_attention_dot_takes_a_transposed_left_operand_on_cpu(members):
+  """XLA:CPU sends a dot whose left operand contracts its second-to-last axis to Eigen,
+  at half YNNPACK's speed at these shapes; every batched dot of the attention's backward
+  pass contracts the left operand's last axis (alone and vmapped over members)."""
+  q, k, v = _qkv(19)
+  m_HNN = jax.random.normal(jax.random.key(20), (H, N, N))
+  w = jax.random.normal(jax.random.key(21), (B, N, H, D))
+  args = (q, k, v, m_HNN, w)
+  grads = lambda args: _attention_grads(*args)
+  if members is not None:
+    args = jax.tree_util.tree_map(lambda x: jnp.stack([x] * members), args)
+  fn = jax.jit(grads if members is None else jax.vmap(grads))
+  dots = [line for line in fn.lower(args).compile().as_text().splitlines()
+          if " dot(" in line and "lhs_batch_dims" in line]
+  assert dots, "no batched dot in the compiled program: the check reads nothing"
+  for line in dots:
+    rank = line.split(" = ")[1].split("]")[0].count(",") + 1
+    assert f"lhs_contracting_dims={{{rank - 1}}}" in line, line
