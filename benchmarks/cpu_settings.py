@@ -401,6 +401,10 @@ def parse_args(argv):
                       help="cores to pin to, e.g. 0,1 (default: this process's affinity)")
   parser.add_argument("--rounds", type=int, default=None, help="default 3 (--tiny: 1)")
   parser.add_argument("--repeats", type=int, default=2, help="timed chunks per measurement")
+  parser.add_argument("--steps", nargs="+", default=[], metavar="SCALE:N",
+                      help=f"steps per chunk (default {STEPS}); a chunk also pays a fixed "
+                           "cost (fresh pages for XLA's temporaries: 0.2-0.3 s at paper "
+                           "scale), so paper:1 understates mpx against PyTorch")
   parser.add_argument("--loss-steps", type=int, default=32)
   parser.add_argument("--tiny", action="store_true",
                       help="smoke run in seconds: quick K = 1, 2 steps, 1 round")
@@ -431,6 +435,11 @@ def make_plan(args, added: tuple[str, ...]) -> Plan:
               cpus, base_xla_flags(added), args.rounds or (1 if args.tiny else 3),
               args.repeats,
               loss_steps=args.loss_steps)
+  for spec in args.steps:
+    scale, _, n = spec.partition(":")
+    if scale not in plan.steps or not n.isdigit() or int(n) < 1:
+      raise SystemExit(f"--steps {spec!r}: write SCALE:N with SCALE in {list(plan.steps)}")
+    plan.steps[scale] = int(n)
   if args.tiny:
     plan.cases, plan.repeats, plan.loss_steps = ("quick:1",), 1, 4
     plan.steps, plan.torch_steps = {"quick": 2, "paper": 1}, {"quick": 2, "paper": 1}
