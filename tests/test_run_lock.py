@@ -259,3 +259,19 @@ def test_the_processes_of_one_job_share_its_lock_and_refuse_together(tmp_path):
     assert list(ra._files(out)) == [pathlib.Path(lock.LOCK_FILE)]  # Nothing written but
     held = json.loads((out / lock.LOCK_FILE).read_text())          # the other's lock.
     assert held["token"] == other.mine["token"]
+
+
+def test_a_filesystem_without_flock_is_named_and_the_record_still_refuses(tmp_path,
+                                                                           monkeypatch):
+  out = tmp_path / "run"
+  with lock.Hold(str(out), "mpx run flocked") as flocked:
+    assert flocked.warning is None
+
+  def no_flock(fd, operation):
+    raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+  monkeypatch.setattr(lock.fcntl, "flock", no_flock)
+  with lock.Hold(str(out), "mpx run first") as first:
+    assert first.warning.startswith(f"{out} has no flock (")
+    with pytest.raises(lock.Locked):  # The live record alone refuses a second writer.
+      lock.Hold(str(out), "mpx run second")

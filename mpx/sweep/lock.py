@@ -42,6 +42,8 @@ import time
 import uuid
 from typing import Callable
 
+from mpx.sweep import run_folder
+
 LOCK_FILE = ".mpx-lock"
 HEARTBEAT_ENV = "MPX_LOCK_HEARTBEAT"  # Seconds between heartbeats.
 DEFAULT_HEARTBEAT_S = 30.0
@@ -224,6 +226,7 @@ class _LocalLock:
     self.path = folder / LOCK_FILE
     self.made: list[pathlib.Path] = []
     self.fd = -1
+    self.no_flock: str | None = None  # Why the lock holds without a flock, if it does.
 
   def take(self, mine: dict) -> tuple[dict | None, str | None]:
     """Takes the lock for `mine`: (the stale record it took over, why), or (None, None)."""
@@ -243,6 +246,9 @@ class _LocalLock:
             os.close(fd)
             raise
           flocked = False
+          self.no_flock = (f"{self.path.parent} has no flock ({os.strerror(e.errno)}): "
+                           "the lock rests on its record and heartbeat alone, so two "
+                           "starts within the same second could both take it")
         if not _same_file(fd, self.path):  # Released (unlinked) after we opened it.
           os.close(fd)
           continue
@@ -414,9 +420,10 @@ class Hold:
   def __init__(self, out: str, command: str, processes: int = 1,
                on_lost: Callable[[str, str], None] = _exit_lost):
     self.where, self.mine, self.on_lost = out, record(command, processes), on_lost
-    self._lock = (_BucketLock(out) if "://" in out
+    self._lock = (_BucketLock(out) if run_folder.is_url(out)
                   else _LocalLock(pathlib.Path(out).absolute()))
     stale, reason = self._lock.take(self.mine)
+    self.warning = getattr(self._lock, "no_flock", None)  # A lock weaker than it looks.
     self.took_over = None if reason is None else (
         f"took over the lock of {out} from {holder(stale) if stale else 'an earlier run'}: "
         f"{reason}.")
@@ -479,6 +486,8 @@ def job_lock(out: str, command: str):
                               "take its lock (its output says why).")
     if hold is not None and hold.took_over:
       print(f"mpx run: {hold.took_over}", file=sys.stderr)
+    if hold is not None and hold.warning:
+      print(f"mpx run: warning: {hold.warning}.", file=sys.stderr)
     yield hold
   finally:
     if hold is not None:
