@@ -327,6 +327,12 @@ def _transposed(x_IJ: Array) -> Array:
   return jax.lax.optimization_barrier(jnp.swapaxes(x_IJ, -1, -2))
 
 
+def _swapped_behind_barrier(x_IJ: Array) -> Array:
+  """`x` with its last two axes swapped after a barrier: in a JVP's tangent, so that the
+  transpose JAX derives swaps the cotangent in memory (`_transposed`) before its dot."""
+  return jnp.swapaxes(jax.lax.optimization_barrier(x_IJ), -1, -2)
+
+
 # The attention products on XLA:CPU. Their values are the einsums'; their JVPs are written
 # so that the transposes JAX derives for the backward pass (the key and value gradients,
 # `dSᵀ·q` and `pᵀ·dO`) contract a swapped operand that XLA keeps (`_transposed`).
@@ -344,8 +350,7 @@ def _qk_cpu_jvp(primals, tangents):
   q_HQD, k_HKD = primals
   dq_HQD, dk_HKD = tangents
   # q·dkᵀ as (dk·qᵀ)ᵀ with the swap behind a barrier: its transpose is g ↦ [gᵀ]·q.
-  dk_term = jnp.swapaxes(jax.lax.optimization_barrier(
-      jnp.einsum("...kd,...qd->...kq", dk_HKD, q_HQD)), -1, -2)
+  dk_term = _swapped_behind_barrier(jnp.einsum("...kd,...qd->...kq", dk_HKD, q_HQD))
   return _qk_cpu(q_HQD, k_HKD), jnp.einsum("...qd,...kd->...qk", dq_HQD, k_HKD) + dk_term
 
 
@@ -361,8 +366,8 @@ def _pv_cpu_jvp(primals, tangents):
   dp_HQK, dv_HKD = tangents
   # p·dv as (dvᵀ·pᵀ)ᵀ with pᵀ and the swap behind barriers: its transpose is
   # g ↦ [pᵀ]·[gᵀ]ᵀ, a dot of two row-major operands.
-  dv_term = jnp.swapaxes(jax.lax.optimization_barrier(
-      jnp.einsum("...kd,...kq->...dq", dv_HKD, _transposed(p_HQK))), -1, -2)
+  dv_term = _swapped_behind_barrier(
+      jnp.einsum("...kd,...kq->...dq", dv_HKD, _transposed(p_HQK)))
   return _pv_cpu(p_HQK, v_HKD), jnp.einsum("...qk,...kd->...qd", dp_HQK, v_HKD) + dv_term
 
 
