@@ -435,14 +435,14 @@ def make_plan(args, added: tuple[str, ...]) -> Plan:
               cpus, base_xla_flags(added), args.rounds or (1 if args.tiny else 3),
               args.repeats,
               loss_steps=args.loss_steps)
-  for spec in args.steps:
+  if args.tiny:
+    plan.cases, plan.repeats, plan.loss_steps = ("quick:1",), 1, 4
+    plan.steps, plan.torch_steps = {"quick": 2, "paper": 1}, {"quick": 2, "paper": 1}
+  for spec in args.steps:  # After --tiny's, which they override.
     scale, _, n = spec.partition(":")
     if scale not in plan.steps or not n.isdigit() or int(n) < 1:
       raise SystemExit(f"--steps {spec!r}: write SCALE:N with SCALE in {list(plan.steps)}")
     plan.steps[scale] = int(n)
-  if args.tiny:
-    plan.cases, plan.repeats, plan.loss_steps = ("quick:1",), 1, 4
-    plan.steps, plan.torch_steps = {"quick": 2, "paper": 1}, {"quick": 2, "paper": 1}
   return plan
 
 

@@ -349,6 +349,10 @@ def ratios_table(items) -> list[str]:
   return lines
 
 
+SETTINGS_HEADING = "## XLA:CPU settings"
+SETTINGS_INTRO = "XLA:CPU settings against the defaults, interleaved (`--settings`):"
+
+
 def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool,
            settings: str | None = None) -> str:
   peak = max(peaks.values())
@@ -372,7 +376,7 @@ def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool,
       "memory.", "",
       *ratios_table(ratios(rows, peak))]
   if settings is not None:
-    lines += ["", "## XLA:CPU settings", "", settings]
+    lines += ["", SETTINGS_HEADING, "", settings]
   return "\n".join(lines)
 
 
@@ -414,7 +418,7 @@ def performance_block(rows, peaks, torch_peaks, machine: str, when: str, at: str
     verdict = "not run" if value is None else "met" if value >= target else "**missed**"
     measured = "–" if value is None else format(value, spec) + unit
     lines.append(f"- {what} ≥ {format(target, spec)}{unit}: {measured}, {verdict}")
-  lines += ["", "XLA:CPU settings against the defaults, interleaved (`--settings`):" if settings
+  lines += ["", SETTINGS_INTRO if settings
             else "XLA:CPU settings: not measured in this run (`--settings` measures them).",
             *([""] + settings if settings else [])]
   return "\n".join(lines)
@@ -429,23 +433,28 @@ def replace_block(page: str, block: str) -> str:
   return head + BEGIN + "\n" + block + "\n" + END + rest.split(END)[1]
 
 
-SETTINGS_HEADING = "## XLA:CPU settings"
-SETTINGS_INTRO = "XLA:CPU settings against the defaults, interleaved (`--settings`):"
-_STAMP = re.compile(r"; (\d{4}-\d\d-\d\dT\d\d:\d\d); commit (\w+)")  # report()'s machine line.
-_CARRIED = re.compile(r"From the run of (\S+) at commit (\w+)[^\n]*\n\n")
+# report()'s machine lines ("- CPU: NAME; ...", "...; WHEN; commit ABC1234 + changes"),
+# and the first line of a section carried over before.
+_CPU = re.compile(r"^- CPU: ([^;\n]+)", re.M)
+_STAMP = re.compile(r"; (\d{4}-\d\d-\d\dT\d\d:\d\d); commit (.+)$", re.M)
+_CARRIED = re.compile(r"From (the run of [^\n]+?); this run did not[^\n]*\n\n")
 
 
 def earlier_settings(results_text: str, page_text: str) -> tuple[str | None, list | None]:
   """The last settings A/B of the results file and of the page's block, marked with the
-  run that measured it: a `--write` without `--settings` keeps what the A/B (an hour or
-  more) found instead of dropping it. (None, None) where there is none."""
+  run (when, commit, CPU) that measured it: a `--write` without `--settings` keeps what
+  the A/B (an hour or more) found instead of dropping it. (None, None) where there is
+  none."""
   if SETTINGS_HEADING not in results_text or SETTINGS_INTRO not in page_text:
     return None, None
   section = results_text.split(SETTINGS_HEADING, 1)[1].strip()
   carried = _CARRIED.match(section)  # Carried before: keep its origin, not this file's.
-  origin = carried or _STAMP.search(results_text)
-  origin = f"the run of {origin[1]} at commit {origin[2]}" if origin else "an earlier run"
-  section = section[carried.end():] if carried else section
+  if carried:
+    origin, section = carried[1], section[carried.end():]
+  else:
+    stamp, cpu = _STAMP.search(results_text), _CPU.search(results_text)
+    origin = (f"the run of {stamp[1]} at commit {stamp[2]}" if stamp else "an earlier run") + (
+        f" on {cpu[1]}" if cpu else "")
   block = page_text.split(SETTINGS_INTRO, 1)[1].split(END, 1)[0]
   lines = [line for line in block.splitlines()
            if line.startswith("- ") and not line.startswith("- (from ")]

@@ -308,15 +308,23 @@ def _logits(q, k, mask_logits, bias, query_offset) -> Array:
   # Heads-first operands: XLA:CPU runs this batched dot ~2.5x faster forward than the
   # tokens-first einsum (`benchmarks/README.md`).
   q_h, k_h = jnp.swapaxes(q, -2, -3), jnp.swapaxes(k, -2, -3)
-  logits = (_qk_cpu(q_h, k_h) if _on_cpu_float32(q, k) else
+  logits = (_qk_cpu(q_h, k_h) if _cpu_products(q.shape[-3], k.shape[-3], q, k) else
             jnp.einsum("...hqd,...hkd->...hqk", q_h, k_h, preferred_element_type=jnp.float32))
   total_bias = _logit_bias(mask_logits, bias, q.shape[-3], query_offset)
   return logits if total_bias is None else logits + total_bias
 
 
-def _on_cpu_float32(*arrays) -> bool:
-  """Whether the attention products take `_qk_cpu` / `_pv_cpu` (float32 on XLA:CPU)."""
-  return jax.default_backend() == "cpu" and all(x.dtype == jnp.float32 for x in arrays)
+# The most queries or keys for which `_qk_cpu` / `_pv_cpu` are used. Attention alone,
+# jit(grad), 2 idle cores of an AMD EPYC, their time over the einsums': N = 16, 17, 24, 32:
+# 0.65-0.73; N = 64: 1.01; N = 128: 1.87; N = 197: 1.07 (swapping [N, N] costs more there).
+CPU_PRODUCTS_MAX_TOKENS = 32
+
+
+def _cpu_products(n_q: int, n_k: int, *operands) -> bool:
+  """Whether an attention product takes `_qk_cpu` / `_pv_cpu`: float32 operands on
+  XLA:CPU (the default backend, read when traced) at short sequences."""
+  return (jax.default_backend() == "cpu" and max(n_q, n_k) <= CPU_PRODUCTS_MAX_TOKENS
+          and all(x.dtype == jnp.float32 for x in operands))
 
 
 def _transposed(x_IJ: Array) -> Array:
@@ -460,10 +468,12 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
       the bias `log σ(M)` in float32 (a bf16 bias would move a logit near -100 by up to
       0.25) and float32 logits and softmax.
       "reference": einsum + float32 softmax, every backend and dtype; the only one with
-        dropout. On XLA:CPU in float32 its two products carry a JVP of their own whose
-        backward pass contracts row-major operands (1.04-1.2x faster training steps):
-        the same output bit for bit, gradients that differ from the einsum's by float
-        rounding (within 1e-6 of the largest entry); forward mode works as before.
+        dropout. On XLA:CPU, up to 32 queries and keys, each product whose operands
+        are float32 carries a JVP of its own whose backward pass contracts row-major
+        operands (1.04-1.2x faster training steps at 16 tokens): the same output bit
+        for bit, gradients that differ from the einsum's by float rounding (within
+        1e-6 of the largest entry); forward mode works as before. The same holds for
+        `attention_logits` and `attention_weights`.
       "jax": `jax.nn.dot_product_attention(..., implementation="xla")`, every backend
         and dtype; it accepts a bias of any dtype and adds it to float32 logits.
       "cudnn": `jax.nn.dot_product_attention(..., implementation="cudnn")`, cuDNN's
@@ -498,7 +508,7 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
   probs = _weights(q, k, mask_logits, mask, bias, causal, padding_mask, dropout,
                    query_offset)
   probs, v_h = probs.astype(v.dtype), jnp.swapaxes(v, -2, -3)
-  out = (_pv_cpu(probs, v_h) if _on_cpu_float32(v) else
+  out = (_pv_cpu(probs, v_h) if _cpu_products(*probs.shape[-2:], v) else
          jnp.einsum("...hqk,...hkd->...hqd", probs, v_h, preferred_element_type=jnp.float32))
   return jnp.swapaxes(out, -2, -3).astype(v.dtype)
 

@@ -257,6 +257,15 @@ def _attention_grads(q, k, v, m_HNN, w):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, m_HNN)
 
 
+_ON_CPU = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's products")
+
+
+def _takes_cpu_products(q, k, v, m_HNN) -> bool:
+  jaxpr = str(jax.make_jaxpr(lambda *args: mpx.masked_attention(*args))(q, k, v, m_HNN))
+  return "_qk_cpu" in jaxpr and "_pv_cpu" in jaxpr
+
+
+@_ON_CPU
 def test_cpu_products_match_the_einsums(monkeypatch):
   """On XLA:CPU the attention products carry their own JVP (so that the backward pass
   contracts row-major operands): the output is the einsum's bit for bit, the gradients
@@ -266,8 +275,10 @@ def test_cpu_products_match_the_einsums(monkeypatch):
   m_HNN = jax.random.normal(jax.random.key(17), (H, N, N)) * 2
   w = jax.random.normal(jax.random.key(18), (B, N, H, D))
   jvp = lambda: jax.jvp(lambda q, v: mpx.masked_attention(q, k, v, m_HNN), (q, v), (k, w))
+  assert _takes_cpu_products(q, k, v, m_HNN)
   fast = (mpx.masked_attention(q, k, v, m_HNN), _attention_grads(q, k, v, m_HNN, w), jvp())
-  monkeypatch.setattr(mpx.attention, "_on_cpu_float32", lambda *arrays: False)
+  monkeypatch.setattr(mpx.attention, "_cpu_products", lambda *args: False)
+  assert not _takes_cpu_products(q, k, v, m_HNN)
   einsum = (mpx.masked_attention(q, k, v, m_HNN), _attention_grads(q, k, v, m_HNN, w), jvp())
   np.testing.assert_array_equal(fast[0], einsum[0])
   for got, want in zip(jax.tree_util.tree_leaves(fast[1:]),
@@ -275,6 +286,17 @@ def test_cpu_products_match_the_einsums(monkeypatch):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * float(jnp.max(jnp.abs(want))))
 
 
+def test_long_sequences_and_other_dtypes_keep_the_einsums():
+  """Past `CPU_PRODUCTS_MAX_TOKENS` the swaps cost more than they save (1.9x slower at
+  128 tokens), and the products are float32's only."""
+  n = mpx.attention.CPU_PRODUCTS_MAX_TOKENS + 1
+  q = jax.random.normal(jax.random.key(22), (B, n, H, D))
+  assert not _takes_cpu_products(q, q, q, jnp.zeros((H, n, n)))
+  q, k, v = _qkv(23, jnp.bfloat16)
+  assert not _takes_cpu_products(q, k, v, jnp.zeros((H, N, N)))
+
+
+@_ON_CPU
 @pytest.mark.parametrize("members", [None, 3])
 def test_no_attention_dot_takes_a_transposed_left_operand_on_cpu(members):
   """XLA:CPU sends a dot whose left operand contracts its second-to-last axis to Eigen,

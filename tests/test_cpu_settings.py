@@ -229,17 +229,19 @@ def test_a_write_without_settings_keeps_the_last_settings_ab(tmp_path):
   block = run.performance_block(_rows(), {1024: 287.5}, {1024: 352.5}, "a CPU, 2 core(s)",
                                 "2026-12-04T23:00", "abc1234", "python benchmarks/run.py", ab)
   page = f"intro\n{run.BEGIN}\n{block}\n{run.END}\n"
-  results = ("`python benchmarks/run.py --settings`\n\n- XLA_FLAGS=''; 2026-12-04T23:00; "
-             "commit abc1234\n\n| table |\n\n## XLA:CPU settings\n\n| the A/B |")
+  results = ("`python benchmarks/run.py --settings`\n\n- CPU: AMD EPYC; 2 core(s)\n"
+             "- XLA_FLAGS=''; 2026-12-04T23:00; commit abc1234 + changes\n\n| table |\n\n"
+             "## XLA:CPU settings\n\n| the A/B |")
   assert run.earlier_settings("no A/B here", page) == (None, None)
   section, lines = run.earlier_settings(results, page)
-  assert section == ("From the run of 2026-12-04T23:00 at commit abc1234; this run did not "
-                     "measure them (`--settings`).\n\n| the A/B |")
-  assert lines == ["- (from the run of 2026-12-04T23:00 at commit abc1234; not measured "
-                   "again since)"] + ab
+  origin = "the run of 2026-12-04T23:00 at commit abc1234 + changes on AMD EPYC"
+  assert section == (f"From {origin}; this run did not measure them (`--settings`).\n\n"
+                     "| the A/B |")
+  assert lines == [f"- (from {origin}; not measured again since)"] + ab
   later = run.performance_block(_rows(), {1024: 287.5}, {1024: 352.5}, "a CPU, 2 core(s)",
                                 "2026-12-07T09:00", "def5678", "python benchmarks/run.py", lines)
   text = run.report(_rows(), {1024: 287.5}, {1024: 352.5},
-                    ["- XLA_FLAGS=''; 2026-12-07T09:00; commit def5678"], {}, "cmd", False,
+                    ["- CPU: Intel Xeon; 2 core(s)", "- XLA_FLAGS=''; 2026-12-07T09:00; "
+                     "commit def5678"], {}, "cmd", False,
                     section)
   assert run.earlier_settings(text, f"{run.BEGIN}\n{later}\n{run.END}") == (section, lines)

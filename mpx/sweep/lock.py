@@ -248,7 +248,7 @@ class _LocalLock:
           flocked = False
           self.no_flock = (f"{self.path.parent} has no flock ({os.strerror(e.errno)}): "
                            "the lock rests on its record and heartbeat alone, so two "
-                           "starts within the same second could both take it")
+                           "starts at the same moment could both take it")
         if not _same_file(fd, self.path):  # Released (unlinked) after we opened it.
           os.close(fd)
           continue
