@@ -67,13 +67,14 @@ def _prior_labels(args) -> dict:
   return {}
 
 
-def _make_parent(out: str) -> None:
+def _make_parent(out: str, example: str = "priors/parity.png") -> None:
   """Creates the folders `--out` names; a file in the way is a one-line error."""
+  kind = pathlib.Path(example).suffix[1:].upper()
   if not out:
-    raise ValueError("--out is empty; give the PNG file to write (e.g. priors/parity.png).")
+    raise ValueError(f"--out is empty; give the {kind} file to write (e.g. {example}).")
   path = pathlib.Path(out)
   if path.is_dir():
-    raise ValueError(f"--out {out} is a folder; give the PNG file to write in it.")
+    raise ValueError(f"--out {out} is a folder; give the {kind} file to write in it.")
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
   except (FileExistsError, NotADirectoryError):
@@ -160,6 +161,19 @@ def _plot_command(args) -> int:
                      "already drew the plots into the bucket.")
   _check_run_folder(pathlib.Path(args.run_dir))
   print(f"wrote {_plots_line(plotting.plot_run(args.run_dir), args.run_dir)}")
+  return 0
+
+
+def _select_command(args) -> int:
+  from mpx import report
+  from mpx.sweep import select
+  text = select.combined_report(args.run_dirs)
+  if args.out:
+    _make_parent(args.out, example="results/selection.md")
+    report.atomic_write(args.out, text)
+    print(f"wrote {args.out}")
+  else:
+    print(text, end="")
   return 0
 
 
@@ -379,6 +393,14 @@ def make_parser() -> argparse.ArgumentParser:
   plot = sub.add_parser("plot", help="draw a run's curves into RUN_DIR/plots")
   plot.add_argument("run_dir", help="a run folder: the --out of `mpx run`")
   plot.set_defaults(func=_plot_command)
+
+  choose = sub.add_parser(
+      "select", help="choose each scheme's hyperparameter on validation over run folders "
+                     "that are one grid (a run, then the same command at more values)")
+  choose.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                      help="run folders of `mpx run ... --select HPARAM`")
+  choose.add_argument("--out", help="Markdown file to write (default: print it)")
+  choose.set_defaults(func=_select_command)
 
   prior = sub.add_parser("prior", help="draw a mask prior as a heatmap")
   prior.add_argument("name", choices=PRIOR_NAMES)

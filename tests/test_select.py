@@ -1,6 +1,7 @@
 """Each scheme's hyperparameter chosen on validation only; the Boolean validation split."""
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -70,10 +71,17 @@ def test_boolean_validation_points_are_held_out_of_training():
     np.testing.assert_array_equal(plain[0], boolean.make_splits(spec, 0)["train"][0])
 
 
-def test_a_selected_boolean_run_reports_each_scheme_at_its_best_validation_value(tmp_path):
-  out = tmp_path / "selected"
+@pytest.fixture(scope="module")
+def selected_run(tmp_path_factory):
+  """A tiny Boolean run at two learning rates, chosen on validation (read, never written)."""
+  out = tmp_path_factory.mktemp("select") / "selected"
   assert cli.main(["run", "boolean_gotu", "--preset", "tiny", "--out", str(out),
                    "--set", "learning_rate=1e-3,1e-2", "--select", "learning_rate"]) == 0
+  return out
+
+
+def test_a_selected_boolean_run_reports_each_scheme_at_its_best_validation_value(selected_run):
+  out = selected_run
   summary = json.loads((out / "summary.json").read_text())
   assert all("val_accuracy" in m["metrics"] for m in summary["members"])
   chosen = {r["scheme"]: r["learning_rate"] for r in summary["selection"]["rows"]}
@@ -100,6 +108,67 @@ def test_a_selected_boolean_run_reports_each_scheme_at_its_best_validation_value
     assert row["val_accuracy"]["mean"] == pytest.approx(accuracy)
     assert row["val_loss"]["mean"] == pytest.approx(loss)
   assert "chosen on validation" in (out / "summary.md").read_text()
+
+
+def test_a_choice_on_the_edge_of_the_values_tried_says_so():
+  three = MEMBERS + [_member("mask", 1e-1, seed, 1.0, 0.5, 0.0) for seed in (0, 1)]
+  _, rows = select.selection_table(MEMBERS, "learning_rate", CRITERIA, ["accuracy"])
+  assert {r["scheme"]: r["edge"] for r in rows} == {"mask": "largest", "default": "smallest"}
+  table, rows = select.selection_table(three, "learning_rate", CRITERIA, ["accuracy"])
+  assert {r["scheme"]: r["edge"] for r in rows} == {"mask": None, "default": "smallest"}
+  assert "t / default: 0.001 is the smallest learning_rate tried" in table
+  assert "t / mask" not in table
+
+
+def _at_other_values(run: pathlib.Path, out: pathlib.Path, scale: float, **config_changes):
+  """A copy of `run`'s records as if its command had run at `scale` × its values (what a
+  second run folder extending the grid holds), with `config_changes` made."""
+  config = json.loads((run / "config.json").read_text())
+  summary = json.loads((run / "summary.json").read_text())
+  config["traced"]["learning_rate"] = [v * scale for v in config["traced"]["learning_rate"]]
+  config["config"] |= config_changes
+  for m in summary["members"]:
+    m["hparams"]["learning_rate"] *= scale
+    m["metrics"]["val_accuracy"] = 0.5 * m["metrics"]["val_accuracy"]  # Worse there.
+  out.mkdir()
+  (out / "config.json").write_text(json.dumps(config))
+  (out / "summary.json").write_text(json.dumps(summary))
+  return out
+
+
+def test_select_chooses_over_run_folders_that_are_one_grid(selected_run, tmp_path, capsys):
+  more = _at_other_values(selected_run, tmp_path / "more", 100.0, seeds=1, eval_every=0)
+  assert cli.main(["select", str(selected_run), str(more)]) == 0
+  text = capsys.readouterr().out
+  summary = json.loads((selected_run / "summary.json").read_text())
+  alone = {r["scheme"]: r["learning_rate"] for r in summary["selection"]["rows"]}
+  for scheme, lr in alone.items():  # The extra values validate worse: the same choice.
+    assert f"| {scheme} | {lr:g} |" in text
+  assert "| 0.001 | 0.01 | 0.1 | 1 |" in text  # Every value of both folders.
+  config, members = select.combine([selected_run, more])
+  assert len(members) == 2 * len(summary["members"])
+  better = _at_other_values(selected_run, tmp_path / "better", 100.0)
+  data = json.loads((better / "summary.json").read_text())
+  for m in data["members"]:  # Best at the largest value: the choice moves there.
+    m["metrics"]["val_accuracy"] = 2.0 if m["hparams"]["learning_rate"] == 1.0 else 0.0
+  (better / "summary.json").write_text(json.dumps(data))
+  _, rows = select.selection_table(select.combine([selected_run, better])[1], "learning_rate",
+                                   gotu.VALIDATION, gotu.METRICS)
+  assert [(r["learning_rate"], r["edge"]) for r in rows] == [(1.0, "largest")] * len(alone)
+
+
+def test_select_refuses_folders_that_are_not_one_grid(selected_run, tmp_path, capsys):
+  other = _at_other_values(selected_run, tmp_path / "other", 100.0, epochs=99)
+  same = _at_other_values(selected_run, tmp_path / "same", 1.0)
+  unfinished = tmp_path / "unfinished"
+  unfinished.mkdir()
+  (unfinished / "config.json").write_text((selected_run / "config.json").read_text())
+  for folders, message in (([other], "differ in ['epochs']"),
+                           ([same], "both trained"),
+                           ([unfinished], "has no summary.json")):
+    with pytest.raises(SystemExit):
+      cli.main(["select", str(selected_run), *map(str, folders)])
+    assert message in capsys.readouterr().err
 
 
 def test_selection_needs_a_list_and_a_validation_split(tmp_path, capsys):
