@@ -67,9 +67,8 @@ def _prior_labels(args) -> dict:
   return {}
 
 
-def _make_parent(out: str, example: str = "priors/parity.png") -> None:
+def _make_parent(out: str, kind: str = "PNG", example: str = "priors/parity.png") -> None:
   """Creates the folders `--out` names; a file in the way is a one-line error."""
-  kind = pathlib.Path(example).suffix[1:].upper()
   if not out:
     raise ValueError(f"--out is empty; give the {kind} file to write (e.g. {example}).")
   path = pathlib.Path(out)
@@ -168,8 +167,8 @@ def _select_command(args) -> int:
   from mpx import report
   from mpx.sweep import select
   text = select.combined_report(args.run_dirs)
-  if args.out:
-    _make_parent(args.out, example="results/selection.md")
+  if args.out is not None:
+    _make_parent(args.out, "Markdown", "results/selection.md")
     report.atomic_write(args.out, text)
     print(f"wrote {args.out}")
   else:

@@ -120,33 +120,51 @@ def test_a_choice_on_the_edge_of_the_values_tried_says_so():
   assert "t / mask" not in table
 
 
-def _at_other_values(run: pathlib.Path, out: pathlib.Path, scale: float, **config_changes):
+def test_a_line_where_every_value_diverged_or_ties_is_chosen_alike_in_any_order():
+  lost = [_member("qk", lr, s, 0.5, 0.1, 0.5, diverged=True) for lr in (1e-3, 1e-2) for s in (0, 1)]
+  tied = [_member("qk_svd", lr, 0, 0.5, 0.1, 0.5) for lr in (1e-2, 1e-3, 3e-3)]
+  for members in (lost + tied, (lost + tied)[::-1]):
+    _, rows = select.selection_table(members, "learning_rate", CRITERIA, ["accuracy"])
+    # Nothing to extend where every value lost; a full tie goes to the smallest value.
+    assert {r["scheme"]: (r["learning_rate"], r["edge"]) for r in rows} == {
+        "qk": (1e-3, None), "qk_svd": (1e-3, "smallest")}
+  grid = select.grid_table(lost + tied[:1], "learning_rate", "val_accuracy", "accuracy")
+  assert "| t / qk | diverged (2/2) | diverged (2/2) |" in grid
+  assert "| t / qk_svd | — | 50.00 / 50.00 |" in grid
+
+
+def _at_other_values(run: pathlib.Path, out: pathlib.Path, scale: float, edit=None):
   """A copy of `run`'s records as if its command had run at `scale` × its values (what a
-  second run folder extending the grid holds), with `config_changes` made."""
+  second run folder extending the grid holds), worse on validation, with `edit(config)`."""
   config = json.loads((run / "config.json").read_text())
   summary = json.loads((run / "summary.json").read_text())
   config["traced"]["learning_rate"] = [v * scale for v in config["traced"]["learning_rate"]]
-  config["config"] |= config_changes
   for m in summary["members"]:
     m["hparams"]["learning_rate"] *= scale
-    m["metrics"]["val_accuracy"] = 0.5 * m["metrics"]["val_accuracy"]  # Worse there.
+    m["metrics"]["val_accuracy"] = 0.5 * m["metrics"]["val_accuracy"]
+  if edit:
+    edit(config)
   out.mkdir()
   (out / "config.json").write_text(json.dumps(config))
   (out / "summary.json").write_text(json.dumps(summary))
   return out
 
 
+def _more_tasks(config):  # Another task (its data fingerprinted) and other bookkeeping.
+  config["config"] |= {"tasks": ["2parity", "majority3"], "keep_checkpoints": 5}
+  config["fingerprint"]["majority3"] = {"definition": "another task's"}
+
+
 def test_select_chooses_over_run_folders_that_are_one_grid(selected_run, tmp_path, capsys):
-  more = _at_other_values(selected_run, tmp_path / "more", 100.0, seeds=1, eval_every=0)
+  more = _at_other_values(selected_run, tmp_path / "more", 100.0, _more_tasks)
   assert cli.main(["select", str(selected_run), str(more)]) == 0
   text = capsys.readouterr().out
   summary = json.loads((selected_run / "summary.json").read_text())
   alone = {r["scheme"]: r["learning_rate"] for r in summary["selection"]["rows"]}
   for scheme, lr in alone.items():  # The extra values validate worse: the same choice.
     assert f"| {scheme} | {lr:g} |" in text
-  assert "| 0.001 | 0.01 | 0.1 | 1 |" in text  # Every value of both folders.
-  config, members = select.combine([selected_run, more])
-  assert len(members) == 2 * len(summary["members"])
+  assert "| line | 0.001 | 0.01 | 0.1 | 1 |" in text  # Every value of both folders.
+  assert len(select.combine([selected_run, more])[1]) == 2 * len(summary["members"])
   better = _at_other_values(selected_run, tmp_path / "better", 100.0)
   data = json.loads((better / "summary.json").read_text())
   for m in data["members"]:  # Best at the largest value: the choice moves there.
@@ -157,15 +175,50 @@ def test_select_chooses_over_run_folders_that_are_one_grid(selected_run, tmp_pat
   assert [(r["learning_rate"], r["edge"]) for r in rows] == [(1.0, "largest")] * len(alone)
 
 
+def test_a_scheme_the_swept_value_does_not_reach_is_taken_once(selected_run, tmp_path):
+  """--select mask_lr_multiplier: the default trains at multiplier 0 in every folder."""
+  members = json.loads((selected_run / "summary.json").read_text())["members"]
+  at_1e3 = [m for m in members if m["hparams"]["learning_rate"] == 1e-3]
+  folders = []
+  for name, values in (("a", [1.0, 2.0]), ("b", [4.0, 8.0])):
+    config = json.loads((selected_run / "config.json").read_text())
+    config["config"] |= {"select": "mask_lr_multiplier", "learning_rate": 1e-3}
+    config["traced"] = {"mask_lr_multiplier": values}
+    trained = [dict(m, hparams=dict(m["hparams"], mask_lr_multiplier=0.0))
+               for m in at_1e3 if m["scheme"] == "default"]
+    trained += [dict(m, hparams=dict(m["hparams"], mask_lr_multiplier=v))
+                for m in at_1e3 if m["scheme"] == "mask" for v in values]
+    folders.append(tmp_path / name)
+    folders[-1].mkdir()
+    (folders[-1] / "config.json").write_text(json.dumps(config))
+    (folders[-1] / "summary.json").write_text(json.dumps({"members": trained}))
+  _, combined = select.combine(folders)
+  values = lambda scheme: sorted(m["hparams"]["mask_lr_multiplier"] for m in combined
+                                 if m["scheme"] == scheme)
+  assert values("default") == [0.0] and values("mask") == [1.0, 2.0, 4.0, 8.0]
+
+
 def test_select_refuses_folders_that_are_not_one_grid(selected_run, tmp_path, capsys):
-  other = _at_other_values(selected_run, tmp_path / "other", 100.0, epochs=99)
-  same = _at_other_values(selected_run, tmp_path / "same", 1.0)
+  def changed(name, **config):
+    def edit(record):
+      record["config"] |= config
+    return _at_other_values(selected_run, tmp_path / name, 100.0, edit)
+
+  def new_task_definition(record):
+    record["fingerprint"]["2parity"] = {"definition": "changed"}
+
   unfinished = tmp_path / "unfinished"
   unfinished.mkdir()
   (unfinished / "config.json").write_text((selected_run / "config.json").read_text())
-  for folders, message in (([other], "differ in ['epochs']"),
-                           ([same], "both trained"),
-                           ([unfinished], "has no summary.json")):
+  for folders, message in (
+      ([changed("epochs", epochs=99)], "differ in ['epochs']"),
+      ([changed("seeds", seeds=2)], "differ in ['seeds']"),
+      ([_at_other_values(selected_run, tmp_path / "data", 100.0, new_task_definition)],
+       "differ in ['fingerprint.2parity']"),
+      ([_at_other_values(selected_run, tmp_path / "same", 1.0)], "both trained"),
+      ([selected_run], "given twice"),
+      ([unfinished], "has no summary.json"),
+      ([tmp_path / "missing"], "does not exist")):
     with pytest.raises(SystemExit):
       cli.main(["select", str(selected_run), *map(str, folders)])
     assert message in capsys.readouterr().err

@@ -770,11 +770,10 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   if cfg.select is not None:  # Each scheme at its value chosen on validation.
     table, rows = select_lib.selection_table(members, cfg.select, experiment.VALIDATION,
                                              experiment.METRICS)
-    note = getattr(experiment, "SELECTION_NOTE", "")
+    note = ("The other columns are this run's members at that value, not retrained. "
+            + getattr(experiment, "SELECTION_NOTE", ""))
     extra[f"Each scheme at its {cfg.select} chosen on validation"] = (
-        f"Chosen by {', then '.join(f'{d} {n}' for n, d in experiment.VALIDATION)} (mean "
-        f"over seeds; a diverged seed makes a value the worst); the other columns are this "
-        f"run's members at that value, not retrained. {note}\n\n{table}")
+        f"{select_lib.criteria_sentence(experiment.VALIDATION, note)}\n\n{table}")
     selection = {"selection": {"hparam": cfg.select, "rows": rows}}
   if FINGERPRINT in saved_config:  # What the run trained on (config.json holds it too).
     extra["Data (fingerprint, compared on --resume)"] = (

@@ -62,31 +62,51 @@ def _line(member: Mapping[str, Any], hparam: str) -> tuple[str, str, str]:
 def choose(members: Sequence[Mapping[str, Any]], hparam: str, criteria
            ) -> dict[tuple[str, str, str], Any]:
   """{(task, scheme, other hparams): the value of `hparam` with the best validation score}
-  (the first value on a full tie)."""
+  (the smallest on a full tie, whatever order the members come in)."""
   by_line: dict = {}
   for m in members:
     by_line.setdefault(_line(m, hparam), {}).setdefault(m["hparams"][hparam], []).append(
         validation_view(m, criteria))
-  return {line: max(values, key=lambda v: _score(values[v], criteria))
+  return {line: max(sorted(values), key=lambda v: _score(values[v], criteria))
           for line, values in by_line.items()}
 
 
-def _edge(value: Any, tried: Sequence[Any]) -> str | None:
-  """"largest" / "smallest" when `value` is that end of the values tried: the grid may not
-  bracket the best value."""
-  if len(tried) < 2:
+def _edge(value: Any, tried: Sequence[Any], scored: bool) -> str | None:
+  """"largest" / "smallest" when `value` is that end of the values tried (and won on a
+  score, not because every value diverged): the grid may not bracket the best value."""
+  if len(tried) < 2 or not scored:
     return None
   return "largest" if value == max(tried) else "smallest" if value == min(tried) else None
 
 
+def _labeller(members: Sequence[Mapping[str, Any]], hparam: str):
+  """line -> "task / scheme", plus the other hparams that tell its lines apart."""
+  keys = [k for k in report.distinguishing_hparams(members) if k != hparam]
+  return lambda line: f"{line[0]} / {report.cell_label(line, keys)}"
+
+
 def edge_notes(rows: Sequence[Mapping[str, Any]], hparam: str) -> str:
   """One line per row chosen on the edge of its values, naming the next step."""
-  lines = [f"- {r['task']} / {r['scheme']}: {r[hparam]:g} is the {r['edge']} {hparam} tried, "
-           "so the values may not bracket its best. To extend them, run the same command "
-           f"at {'larger' if r['edge'] == 'largest' else 'smaller'} values into a new run "
-           "folder, then choose over both: `mpx select RUN_DIR NEW_RUN_DIR`."
-           for r in rows if r.get("edge")]
+  lines = [f"- {r['label']}: {r[hparam]:g} is the {r['edge']} {hparam} tried, so the "
+           "values may not bracket its best. To extend them, run the same command at two "
+           f"or more {'larger' if r['edge'] == 'largest' else 'smaller'} values into a new "
+           "run folder, then choose over all of them: `mpx select RUN_DIR... NEW_RUN_DIR`."
+           for r in rows if r["edge"]]
   return "\n".join(lines) + "\n" if lines else ""
+
+
+def criteria_sentence(criteria, note: str = "") -> str:
+  """How the values were chosen, for the line above a selection table."""
+  return (f"Chosen by {', then '.join(f'{d} {n}' for n, d in criteria)} (mean over seeds; "
+          f"a diverged seed makes a value the worst). {note}").strip()
+
+
+def _by_line(members: Sequence[Mapping[str, Any]], hparam: str) -> dict:
+  """{line: {value: [members]}}, the lines and values sorted."""
+  grouped: dict = {}
+  for m in members:
+    grouped.setdefault(_line(m, hparam), {}).setdefault(m["hparams"][hparam], []).append(m)
+  return {line: dict(sorted(grouped[line].items())) for line in sorted(grouped)}
 
 
 def selection_table(members: Sequence[Mapping[str, Any]], hparam: str, criteria,
@@ -94,7 +114,7 @@ def selection_table(members: Sequence[Mapping[str, Any]], hparam: str, criteria,
   """The Markdown table and JSON rows of the run at each scheme's chosen value: the
   validation score that chose it, then every reported metric, mean ± std over seeds; below
   it, a line for each value chosen on the edge of those tried (`edge_notes`)."""
-  chosen = choose(members, hparam, criteria)
+  chosen, label = choose(members, hparam, criteria), _labeller(members, hparam)
   names = [n for n, _ in criteria] + list(metric_names)
   columns = [("task", "the task"), ("scheme", "the init scheme"),
              (f"{hparam} (chosen)", f"the {hparam} chosen for the row on validation"),
@@ -102,13 +122,14 @@ def selection_table(members: Sequence[Mapping[str, Any]], hparam: str, criteria,
              *report.metric_columns(names, filter(report.is_percent_metric, names))]
   rows = []
   lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
-  for (task, scheme, others), value in sorted(chosen.items(), key=str):
-    on_line = [m for m in members if _line(m, hparam) == (task, scheme, others)]
-    at_value = [m for m in on_line if m["hparams"][hparam] == value]
+  for line, by_value in _by_line(members, hparam).items():
+    (task, scheme, _), value = line, chosen[line]
+    at_value = by_value[value]
     alive = [m for m in at_value if not m["diverged"]]
+    scored = _score([validation_view(m, criteria) for m in at_value], criteria)[0] > -math.inf
     cells, row = [], {"task": task, "scheme": scheme, hparam: value,
                       "seeds": len(at_value), "diverged": len(at_value) - len(alive),
-                      "edge": _edge(value, sorted({m["hparams"][hparam] for m in on_line}))}
+                      "edge": _edge(value, list(by_value), scored), "label": label(line)}
     for name in names:
       values = [m["metrics"][name] for m in alive if m["metrics"].get(name) is not None]
       if not values:
@@ -126,51 +147,83 @@ def selection_table(members: Sequence[Mapping[str, Any]], hparam: str, criteria,
           + (f"\n{notes}" if notes else ""), rows)
 
 
-# config.json keys that pick members or set bookkeeping, not how a member trains: run
-# folders that differ in these (and in the chosen hparam) are one grid.
-MAY_DIFFER = ("tasks", "schemes", "seeds", "eval_every", "checkpoint_every",
-              "keep_checkpoints")
+# config.json keys that pick which members a folder trains or set its bookkeeping, not how
+# a member trains: run folders that differ in these (and in the chosen hparam's values)
+# are one grid.
+MAY_DIFFER = ("tasks", "schemes", "checkpoint_every", "keep_checkpoints")
+_HINT = "give the folders that `mpx run ... --select HPARAM` wrote (their --out)"
 
 
-def _read_run(run_dir: pathlib.Path) -> tuple[dict, list[dict]]:
+def _read_json(path: pathlib.Path) -> dict:
+  try:
+    return json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON ({e}).") from None
+
+
+def _read_run(run_dir: str | pathlib.Path) -> tuple[dict, list[dict]]:
   """(config.json, summary.json's members) of a finished run folder run with select."""
-  for name in ("config.json", report.SUMMARY_JSON):
-    if not (run_dir / name).exists():
-      raise ValueError(f"{run_dir} has no {name}: give run folders whose runs finished "
-                       "(`mpx run ... --resume=auto` finishes one).")
-  config = json.loads((run_dir / "config.json").read_text())
-  if not config["config"].get("select"):
-    raise ValueError(f"{run_dir} ran without --select, so its members have no validation "
-                     "metrics (and trained on the validation problems): run it with --select.")
-  return config, json.loads((run_dir / report.SUMMARY_JSON).read_text())["members"]
+  if "://" in str(run_dir):
+    raise ValueError(f"{run_dir} is a URL; `mpx select` reads local folders: copy it first "
+                     f"(gcloud storage cp --recursive {run_dir} runs/).")
+  path = pathlib.Path(run_dir)
+  if not path.is_dir():
+    raise ValueError(f"{path} {'is a file' if path.exists() else 'does not exist'}; {_HINT}.")
+  if not (path / "config.json").exists():
+    raise ValueError(f"{path} is not a run folder (no config.json); {_HINT}.")
+  config = _read_json(path / "config.json")
+  if not config.get("config", {}).get("select"):
+    raise ValueError(f"{path} ran without --select, so its members have no validation "
+                     "metrics (and trained on the validation data): run it with --select.")
+  if not (path / report.SUMMARY_JSON).exists():
+    raise ValueError(f"{path} has no {report.SUMMARY_JSON}: its run has not finished; the "
+                     "same `mpx run` command with --resume=auto finishes it.")
+  return config, _read_json(path / report.SUMMARY_JSON)["members"]
 
 
-def _comparable(config: Mapping[str, Any]) -> dict:
-  """What must match for two run folders' members to be one grid, flat."""
-  hparam = config["config"]["select"]
-  return ({k: v for k, v in config.items() if k not in ("config", "traced", "run")}
-          | {k: v for k, v in config["config"].items() if k not in (hparam, *MAY_DIFFER)})
+def _grid_differences(first: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+  """What tells `other`'s run from `first`'s, beyond the selected hparam's values and
+  `MAY_DIFFER` (`mpx run --resume`'s comparison, data fingerprints of shared tasks)."""
+  from mpx.sweep import run as run_lib  # It imports this module.
+  fingerprint = run_lib.FINGERPRINT
+  shared = set(first.get(fingerprint, {})) & set(other.get(fingerprint, {}))
+
+  def grid(record):
+    hparam = record["config"]["select"]
+    out = {k: v for k, v in record.items() if k != run_lib.INFORMATIONAL}
+    out["config"] = {k: v for k, v in record["config"].items() if k not in (hparam, *MAY_DIFFER)}
+    out["traced"] = {k: v for k, v in record.get("traced", {}).items() if k != hparam}
+    if fingerprint in record:
+      out[fingerprint] = {k: v for k, v in record[fingerprint].items() if k in shared}
+    return out
+  return run_lib._config_differences(grid(first), grid(other))
 
 
 def combine(run_dirs: Sequence[str | pathlib.Path]) -> tuple[dict, list[dict]]:
   """(the first folder's config.json, every folder's members): run folders of one
   experiment and preset that differ only in the values of the selected hparam (and in
-  `MAY_DIFFER`), e.g. a grid extended past the value chosen on its edge. Each member's
-  training does not depend on the others', so the folders are one grid."""
-  runs = [(pathlib.Path(d), *_read_run(pathlib.Path(d))) for d in run_dirs]
+  `MAY_DIFFER`), e.g. a grid extended past the value chosen on its edge. A member trains
+  as it would in one folder with all the values when it shares its compiled call with as
+  many members (a traced sweep on CPU maps one value's members at a time)."""
+  resolved = [pathlib.Path(d).resolve() for d in run_dirs if "://" not in str(d)]
+  if len(set(resolved)) < len(resolved):
+    raise ValueError(f"a run folder is given twice in {[str(d) for d in run_dirs]}; give "
+                     "each once.")
+  runs = [(d, *_read_run(d)) for d in run_dirs]
   first_dir, first, _ = runs[0]
   hparam = first["config"]["select"]
   for run_dir, config, _ in runs[1:]:
-    a, b = _comparable(first), _comparable(config)
-    keys = sorted(k for k in {*a, *b} if a.get(k) != b.get(k))
-    if keys:
+    if differences := _grid_differences(first, config):
       raise ValueError(f"{run_dir} is not the run of {first_dir} at other {hparam} values: "
-                       f"they differ in {keys}. Choose over folders of one "
-                       "command that differ in the values only.")
+                       f"they differ in {differences}. Choose over folders of one command "
+                       "that differ in the values only.")
   members, seen = [], {}
-  for run_dir, _, run_members in runs:
+  for run_dir, config, run_members in runs:
+    tried = config.get("traced", {}).get(hparam, ())
     for m in run_members:
-      key = (*_line(m, hparam), m["hparams"][hparam], m["seed"])
+      key = report.member_key(m)
+      if key in seen and m["hparams"][hparam] not in tried:
+        continue  # A scheme the swept value does not reach (the default's multiplier 0).
       if key in seen:
         raise ValueError(f"{run_dir} and {seen[key]} both trained {m['task']} / "
                          f"{m['scheme']} at {hparam}={m['hparams'][hparam]:g}, seed "
@@ -182,26 +235,30 @@ def combine(run_dirs: Sequence[str | pathlib.Path]) -> tuple[dict, list[dict]]:
 
 def grid_table(members: Sequence[Mapping[str, Any]], hparam: str, criterion: str,
                metric: str) -> str:
-  """Each scheme's validation `criterion` and test `metric` at every value tried (mean
-  over the seeds that did not diverge): the curve the choice was made on."""
+  """Each line's first validation criterion and main test metric at every value tried
+  (mean over seeds; a value where a seed diverged is marked, as selection counts it the
+  worst): the curve the choice was made on."""
   values = sorted({m["hparams"][hparam] for m in members})
-  percent = report.is_percent_metric(criterion), report.is_percent_metric(metric)
+  label = _labeller(members, hparam)
 
   def cell(at_value):
-    alive = [m["metrics"] for m in at_value if not m["diverged"]]
-    if not alive:
-      return f"diverged ({len(at_value)})" if at_value else report.MISSING
-    return " / ".join(report._fmt_number(float(np.mean([a[n] for a in alive])), p)
-                      for n, p in zip((criterion, metric), percent))
+    if not at_value:
+      return report.MISSING
+    if diverged := sum(m["diverged"] for m in at_value):
+      return f"diverged ({diverged}/{len(at_value)})"
+    means = []
+    for name in (criterion, metric):
+      found = [m["metrics"].get(name) for m in at_value]
+      means.append(report.MISSING if None in found else
+                   report._fmt_number(float(np.mean(found)), report.is_percent_metric(name)))
+    return " / ".join(means)
 
-  lines = [f"`{criterion}` / `{metric}` at each {hparam} (mean over the seeds that did not "
-           "diverge; — where that value was not tried):\n",
-           f"| task | scheme | {' | '.join(f'{v:g}' for v in values)} |",
-           "|---|---|" + "---|" * len(values)]
-  for task, scheme, others in sorted({_line(m, hparam) for m in members}):
-    on_line = [m for m in members if _line(m, hparam) == (task, scheme, others)]
-    lines.append(f"| {task} | {scheme} | " + " | ".join(
-        cell([m for m in on_line if m["hparams"][hparam] == v]) for v in values) + " |")
+  lines = [f"`{criterion}` / `{metric}` at each {hparam} (mean over seeds; — where that "
+           "value was not tried):\n",
+           f"| line | {' | '.join(f'{v:g}' for v in values)} |", "|---|" + "---|" * len(values)]
+  for line, by_value in _by_line(members, hparam).items():
+    lines.append(f"| {label(line)} | "
+                 + " | ".join(cell(by_value.get(v, [])) for v in values) + " |")
   return "\n".join(lines) + "\n"
 
 
@@ -217,7 +274,6 @@ def combined_report(run_dirs: Sequence[str | pathlib.Path]) -> str:
   table, _ = selection_table(members, hparam, criteria, experiment.METRICS)
   folders = "".join(f"- {d}\n" for d in run_dirs)
   return (f"# {config['experiment']} ({config['preset']}): each scheme at its {hparam} "
-          f"chosen on validation\n\nOver the members of:\n{folders}\nChosen by "
-          f"{', then '.join(f'{d} {n}' for n, d in criteria)} (mean over seeds; a diverged "
-          f"seed makes a value the worst).\n\n{table}\n"
-          + grid_table(members, hparam, criteria[0][0], experiment.METRICS[0]))
+          f"chosen on validation\n\nOver the members of:\n{folders}\n"
+          f"{criteria_sentence(criteria, getattr(experiment, 'SELECTION_NOTE', ''))}\n\n"
+          f"{table}\n" + grid_table(members, hparam, criteria[0][0], experiment.METRICS[0]))
