@@ -13,7 +13,8 @@ Expect (quick: a 2-layer width-32 decoder, 800 steps of batch 64 on 4,000 additi
 1.00 ± 0.18; with 2 seeds the numbers move within that spread. Multiplication is not
 learned by any scheme at this scale (sequence accuracy 0.2–0.3%, digit accuracy ≈ 43%,
 QK-SVD ≈ 37%); at `cpu` (4 × 128, 6,000 steps, 2 seeds) the default learns it (6.95 ±
-0.28%) and the mask does not help (5.21 ± 0.32%; experiments/results/arithmetic_cpu.md).
+0.28%) and the mask does not help (5.21 ± 0.32%); at each scheme's own rate (chosen on
+validation) 8.68 ± 1.74 against 7.86 ± 0.52 (experiments/results/arithmetic_cpu.md).
 The paper reports 1.19% (default) → 77.49% (mask) for addition at 0.4% of
 the 10^6 problems and 5.01% → 69.49% for multiplication at 3%, QK-SVD and QK-Opt in
 between. Measured fraction sweeps and both answer formats:
