@@ -27,8 +27,9 @@ Presets: `tiny` a smoke test (1 task of 15 bits, one seed, a width-8 model, 8 st
 minutes pinned to one core; 14.6 min on 2 cores as two folders of ten tasks, one per core,
 then one report: docs/discover.md; results: experiments/results/discover_planted_quick.md);
 `cpu` boolean_gotu's cpu model (4 layers × 64, 4 heads) as discover_boolean's cpu preset,
-2 seeds, evaluated and checkpointed every 128 steps (measured: 24 min of one core for
-p01_chain15, 15 bits; a 17-bit task evaluates a cube four times larger).
+2 seeds, evaluated and checkpointed every 128 steps (measured: 12–24 min of one core per
+15-bit task, 31–50 per 17-bit one, run one task per folder; results:
+experiments/results/discover_planted_cpu.md).
 """
 
 import sys
