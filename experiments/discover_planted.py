@@ -4,8 +4,8 @@ small clique (`mpx.tasks.boolean.planted`: the generator, the tasks, the report)
 
     mpx run discover_planted --preset tiny --out /tmp/planted-tiny    # 1 task, 1 seed: smoke test
     mpx run discover_planted --preset quick --out /tmp/planted-quick  # 20 tasks, 9 arms, 2 seeds
-    mpx run discover_planted --preset cpu --out ~/runs/planted-cpu-a --resume=auto \\
-        --set tasks=p00_sparse17,p01_chain15                          # a subset per run folder
+    mpx run discover_planted --preset cpu --out ~/runs/planted-cpu/p00_sparse17 \\
+        --resume=auto --set tasks=p00_sparse17                        # a task per run folder
     python -m mpx.experiments.discover_planted RUN_DIR [MORE_RUN_DIRS...]  # planted.md, figures
 
 Stage 1 trains `default` (route (b) reads its function's Fourier spectrum on the whole
@@ -20,16 +20,15 @@ stage 1 or the reading of a graph (tests/test_planted.py scrambles them).
 The tasks are drawn by `planted.generate` with seed `planted.GENERATOR_SEED` and recorded
 in the run's fingerprint: a resumed run refuses a changed task. Each task trains on
 `planted.TRAIN_SIZE` iid draws of its seen points. Run the cpu preset in pieces (one run
-folder per `--set tasks=...`, outside the work tree) and report them together.
+folder per task, `--set tasks=TASK`, outside the work tree) and report them together.
 
 Presets: `tiny` a smoke test (1 task of 15 bits, one seed, a width-8 model, 8 steps);
 `quick` every task, a small model, 2 seeds, the final evaluation only (measured: 28 CPU
 minutes pinned to one core; 14.6 min on 2 cores as two folders of ten tasks, one per core,
 then one report: docs/discover.md; results: experiments/results/discover_planted_quick.md);
 `cpu` boolean_gotu's cpu model (4 layers × 64, 4 heads) as discover_boolean's cpu preset,
-2 seeds, evaluated and checkpointed every 128 steps (measured: 12–24 min of one core per
-15-bit task, 31–50 per 17-bit one, run one task per folder; results:
-experiments/results/discover_planted_cpu.md).
+2 seeds, evaluated and checkpointed every 128 steps (measured: 12–50 min of one core per
+task, 15–17 bits; results: experiments/results/discover_planted_cpu.md).
 """
 
 import sys
