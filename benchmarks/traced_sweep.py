@@ -50,7 +50,7 @@ def main(argv=None) -> None:
       f"learning_rate={lrs}", f"tasks={args.task}"])
   [per_value] = run._built(experiment, variants[0][1])
   k = len(per_value[0].members)
-  traced = dataclasses.replace(run._merged(per_value, mesh=None), members_per_call=k)
+  traced = dataclasses.replace(run._merged(per_value, mesh=None, platform="cpu"), members_per_call=k)
   vmapped = dataclasses.replace(traced, members_per_call=None)
   setups = {f"one group, slices of {k}": [traced], "one group, one vmap": [vmapped],
             "L groups of K": per_value}

@@ -64,8 +64,15 @@ subcommands:
             (--quiet does not ask)
   all       create, install, run (detached; then status, logs, watch or fetch)
 
+Before run, all and watch create a slice or start a job, `mpx compile` (with MPX_PYTHON,
+which needs mpx's aot extra) compiles the job's programs for ACCELERATOR_TYPE's topology on
+this machine: a job that does not fit the chips' memory, or does not compile, stops there
+in one line (exit 2) before anything is created or started (docs/hosts.md, "Check before
+you pay"). --no-preflight skips that check.
+
 options:
   --dry-run           print every command (gcloud and local) instead of running it
+  --no-preflight      skip mpx compile's check before run, all and watch
   --quiet             with delete: pass --quiet to gcloud, deleting without asking
   --worker N          with logs: only worker N's
   --lines N           with logs: the last N lines (default 100)
@@ -110,12 +117,13 @@ examples:
 EOF
 }
 
-dry_run=0 quiet=0 subcommand="" saw_args=0 worker="" lines=100 follow=0 grace=120
+dry_run=0 quiet=0 subcommand="" saw_args=0 worker="" lines=100 follow=0 grace=120 preflight=1
 interval=120 max_restarts=10 given=()
 while (($#)); do
   case $1 in
     -h | --help) usage; exit 0 ;;
     --dry-run) dry_run=1; shift ;;
+    --no-preflight) preflight=0; shift ;;
     --quiet) quiet=1; given+=(--quiet); shift ;;
     --follow) follow=1; given+=(--follow); shift ;;
     --worker | --lines | --grace | --interval | --max-restarts)
@@ -441,7 +449,7 @@ step_watch() {
   say "watching $TPU_NAME every $interval s until the run in $MPX_OUT is done (at most $max_restarts restarts); this process must outlive your terminal: run it with nohup or in tmux, on a small VM"
   local restarts=0 unknown=0 started=0 state job
   again() {  # this script's subcommand $@, in a process of its own: its status, not an exit
-    PROJECT=$PROJECT bash "${BASH_SOURCE[0]}" "$@"
+    PROJECT=$PROJECT bash "${BASH_SOURCE[0]}" --no-preflight "$@"  # checked before the watch
   }
   restart() {  # $1: why
     restarts=$((restarts + 1))
@@ -527,6 +535,26 @@ step_watch() {
   done
 }
 
+# Before a slice is created or a job started: the job's programs compiled for the slice's
+# topology here, so that a job that does not fit stops before anything is paid for.
+step_preflight() {
+  local type=${ACCELERATOR_TYPE:-}
+  if [[ -z $type ]]; then  # run on an existing slice: its type, as gcloud describes it
+    if ((dry_run)); then
+      quote "${tpu_vm[@]}" describe "$TPU_NAME" "${location[@]}" '--format=value(acceleratorType)'
+      type='$ACCELERATOR_TYPE'
+    else
+      type=$("${tpu_vm[@]}" describe "$TPU_NAME" "${location[@]}" '--format=value(acceleratorType)') \
+        || die "could not read the accelerator type of $TPU_NAME for the check before the run (above); set ACCELERATOR_TYPE, or skip the check with --no-preflight"
+    fi
+  fi
+  do_cmd "${MPX_PYTHON:-python3}" -m mpx.cli compile "$@" --target "$type" \
+    || die "mpx compile refused the job for $type (above: it does not fit, or does not compile); nothing was created or started. Fix it, or skip the check with --no-preflight"
+}
+
+if ((preflight)) && [[ $subcommand == run || $subcommand == all || $subcommand == watch ]]; then
+  step_preflight "$@"
+fi
 for step in "${steps[@]}"; do
   "step_$step" "$@"
 done

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -308,8 +309,10 @@ def _logits(q, k, mask_logits, bias, query_offset) -> Array:
   # Heads-first operands: XLA:CPU runs this batched dot ~2.5x faster forward than the
   # tokens-first einsum (`benchmarks/README.md`).
   q_h, k_h = jnp.swapaxes(q, -2, -3), jnp.swapaxes(k, -2, -3)
-  logits = (_qk_cpu(q_h, k_h) if _cpu_products(q.shape[-3], k.shape[-3], q, k) else
-            jnp.einsum("...hqd,...hkd->...hqk", q_h, k_h, preferred_element_type=jnp.float32))
+  qk = lambda q_h, k_h: jnp.einsum("...hqd,...hkd->...hqk", q_h, k_h,
+                                   preferred_element_type=jnp.float32)
+  logits = (_on_cpu(_qk_cpu, qk, q_h, k_h) if _cpu_products(q.shape[-3], k.shape[-3], q, k)
+            else qk(q_h, k_h))
   total_bias = _logit_bias(mask_logits, bias, q.shape[-3], query_offset)
   return logits if total_bias is None else logits + total_bias
 
@@ -321,10 +324,18 @@ CPU_PRODUCTS_MAX_TOKENS = 32
 
 
 def _cpu_products(n_q: int, n_k: int, *operands) -> bool:
-  """Whether an attention product takes `_qk_cpu` / `_pv_cpu`: float32 operands on
-  XLA:CPU (the default backend, read when traced) at short sequences."""
-  return (jax.default_backend() == "cpu" and max(n_q, n_k) <= CPU_PRODUCTS_MAX_TOKENS
+  """Whether an attention product takes `_qk_cpu` / `_pv_cpu` where the program runs on
+  XLA:CPU (`_on_cpu`): float32 operands at short sequences."""
+  return (max(n_q, n_k) <= CPU_PRODUCTS_MAX_TOKENS
           and all(x.dtype == jnp.float32 for x in operands))
+
+
+def _on_cpu(cpu_product: Callable, product: Callable, a: Array, b: Array) -> Array:
+  """`cpu_product(a, b)` in a program lowered for XLA:CPU, `product(a, b)` elsewhere,
+  chosen by the platform the program is lowered for, not the host's backend: a program
+  compiled on a CPU host for a TPU or a GPU (`mpx compile`) holds the target's path and
+  none of the CPU's barriers. Both compute the same values."""
+  return jax.lax.platform_dependent(a, b, cpu=cpu_product, default=product)
 
 
 def _transposed(x_IJ: Array) -> Array:
@@ -508,8 +519,10 @@ def masked_attention(q: Array, k: Array, v: Array, mask_logits: Array | None = N
   probs = _weights(q, k, mask_logits, mask, bias, causal, padding_mask, dropout,
                    query_offset)
   probs, v_h = probs.astype(v.dtype), jnp.swapaxes(v, -2, -3)
-  out = (_pv_cpu(probs, v_h) if _cpu_products(*probs.shape[-2:], v) else
-         jnp.einsum("...hqk,...hkd->...hqd", probs, v_h, preferred_element_type=jnp.float32))
+  pv = lambda p_h, v_h: jnp.einsum("...hqk,...hkd->...hqd", p_h, v_h,
+                                   preferred_element_type=jnp.float32)
+  out = (_on_cpu(_pv_cpu, pv, probs, v_h) if _cpu_products(*probs.shape[-2:], v)
+         else pv(probs, v_h))
   return jnp.swapaxes(out, -2, -3).astype(v.dtype)
 
 

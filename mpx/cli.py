@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
+import os
 import pathlib
 import re
 import sys
@@ -114,6 +116,35 @@ def _run_command(args) -> int:
           file=sys.stderr)
     return run_lib.INTERRUPTED_EXIT_CODE
   return 0
+
+
+def _compile_command(args) -> int:
+  from mpx.sweep import aot
+  from mpx.sweep import config as config_lib
+  experiment = config_lib.load_experiment(args.experiment)
+  overrides = [*(args.set or ()), *([f"select={args.select}"] if args.select else [])]
+  preset, reports = aot.compile_experiment(experiment, args.target, preset=args.preset,
+                                           overrides=overrides)
+  print(f"mpx compile {experiment.NAME} --preset {preset} --target {args.target}: "
+        f"{len(reports)} group(s), jax {jax_version()}\n")
+  for report in reports:
+    print(aot.format_report(report) + "\n", flush=True)
+  if args.json:
+    _make_parent(args.json, "JSON", "compile.json")
+    pathlib.Path(args.json).write_text(json.dumps(
+        {"experiment": experiment.NAME, "preset": preset, "target": args.target,
+         "overrides": overrides, "jax": jax_version(),
+         "groups": [aot.as_dict(r) for r in reports]}, indent=1, default=str) + "\n")
+  unfit = [aot.does_not_fit(r) for r in reports if not r.fits]
+  if unfit:
+    print(f"mpx compile: does not fit: {'; '.join(unfit)}", file=sys.stderr)
+    return aot.DOES_NOT_FIT_EXIT_CODE
+  return 0
+
+
+def jax_version() -> str:
+  import jax
+  return jax.__version__
 
 
 def _draw_plots(summary: dict, plots: bool) -> None:
@@ -389,6 +420,30 @@ def make_parser() -> argparse.ArgumentParser:
                         "see launch/README.md")
   run.set_defaults(func=_run_reporting_storage_faults)
 
+  compile_ = sub.add_parser(
+      "compile", help="compile an experiment's programs for a TPU topology or GPU model "
+                      "without one: memory per device, fit, FLOPs, a roofline estimate",
+      description="Builds exactly what `mpx run` would for the same arguments and compiles "
+                  "each group's training chunk and evaluation with XLA for --target, on "
+                  "this machine (no accelerator needed; pip install 'mpx[aot]'). Exit 0: "
+                  "every group fits; 2: one does not (one line: the need against the "
+                  "chip's memory, the members per device that would fit), or a bad "
+                  "command line. Times printed are roofline estimates, not measurements.")
+  compile_.add_argument("experiment", help="experiment name (e.g. boolean_gotu) or path")
+  compile_.add_argument("--preset", help="preset of the experiment (default: its first)")
+  compile_.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a config field, as for mpx run (repeatable)")
+  compile_.add_argument("--select", metavar="HPARAM", help="as for mpx run")
+  compile_.add_argument("--no-plots", dest="plots", action="store_false",
+                        help="accepted as mpx run takes it (a compile draws nothing), so "
+                             "a job's run arguments can be given as they are")
+  compile_.add_argument("--target", required=True,
+                        help="a TPU topology (v5e:2x2, v5e:4x4, v4:2x2x2, v5p:2x2x1, "
+                             "v6e:2x2) or accelerator type (v4-32, v5litepod-16), or GPUs "
+                             "(h100:8, h200:8)")
+  compile_.add_argument("--json", metavar="FILE", help="also write the reports as JSON")
+  compile_.set_defaults(func=_compile_command)
+
   plot = sub.add_parser("plot", help="draw a run's curves into RUN_DIR/plots")
   plot.add_argument("run_dir", help="a run folder: the --out of `mpx run`")
   plot.set_defaults(func=_plot_command)
@@ -446,6 +501,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr)
     if distributed.requested(args.distributed):
       distributed.initialize()  # Before any other JAX call.
+  if args.command == "compile" and "JAX_PLATFORMS" not in os.environ:
+    # The host only traces: its own accelerator (or a CUDA plugin without CUDA) stays out.
+    import jax
+    jax.config.update("jax_platforms", "cpu")
   try:
     return args.func(args)
   except ImportError as e:

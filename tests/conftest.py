@@ -15,6 +15,9 @@ import os
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
 os.environ["MPX_CPU_DEFAULTS"] = "0"
+# The tests run on the CPU. The `aot` extra's CUDA plugin (for `mpx compile --target h100:N`)
+# would otherwise try to start on every jax import and log that CUDA is missing.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 pytest_plugins = ("gcs_emulator",)  # The `bucket` fixture: a GCS emulator, gs://mpx-test.
 

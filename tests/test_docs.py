@@ -382,7 +382,10 @@ def _resolve(words: list[str]) -> bool:
       config_lib.load_experiment(words[2])
     return True
   args = cli.make_parser().parse_args(words[1:])
-  if args.command == "run":
+  if args.command == "compile":
+    from mpx.sweep import targets
+    targets.parse(args.target)
+  if args.command in ("run", "compile"):
     selected = [f"select={args.select}"] if args.select else []
     config_lib.make_configs(config_lib.load_experiment(args.experiment), args.preset,
                             [*(args.set or ()), *selected])

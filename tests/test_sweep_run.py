@@ -509,11 +509,12 @@ def test_the_step_variant_reaches_every_familys_groups(name):
   """`step_variant` names how the engine compiles a group's chunk; "auto" is "plain" off a
   GPU."""
   experiment = config_lib.load_experiment(name)
-  for variant, options in (("unroll2", engine.STEP_VARIANTS["unroll2"]),
-                           ("auto", engine.ChunkOptions())):
+  for variant in ("unroll2", "auto"):
     _, config = config_lib.make_config(experiment, "tiny", [f"step_variant={variant}"])
     groups = experiment.build_groups(config)
-    assert groups and all(g.chunk_options == options for g in groups), variant
+    assert groups and all(g.chunk_options == variant for g in groups), variant
+  assert engine.chunk_options("auto", "cpu") == engine.ChunkOptions()
+  assert engine.chunk_options("auto", "gpu") == engine.STEP_VARIANTS[engine.GPU_STEP_VARIANT]
 
 
 def test_a_folder_written_before_fingerprints_still_resumes():

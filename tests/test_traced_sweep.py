@@ -51,7 +51,7 @@ def test_sweep_values_parse_lists_and_ranges():
       config_lib.sweep_values("lr", bad)
 
 
-def test_traced_lists_are_members_and_static_lists_are_groups(monkeypatch):
+def test_traced_lists_are_members_and_static_lists_are_groups():
   experiment = config_lib.load_experiment("boolean_gotu")
   _, variants = config_lib.make_configs(experiment, "tiny", [
       "learning_rate=logspace(1e-3,1e-2,3)", "mask_lr_multiplier=0.5,1", "width=8,16",
@@ -60,8 +60,7 @@ def test_traced_lists_are_members_and_static_lists_are_groups(monkeypatch):
   assert config_lib.traced_values(variants) == {
       "learning_rate": [0.001, 0.00316228, 0.01], "mask_lr_multiplier": [0.5, 1.0]}
   group, = run._built(experiment, variants[0][1])[0:1]
-  monkeypatch.setattr(run.jax, "default_backend", lambda: "cpu")  # Whatever runs the tests.
-  merged = run._merged(group, mesh=None)
+  merged = run._merged(group, mesh=None, platform="cpu")
   by_scheme = {s: [m for m in merged.members if m.scheme == s] for s in ("default", "mask")}
   # The default scheme ignores the mask multiplier (0): its members are not repeated.
   assert len(by_scheme["default"]) == 3 * 2 and len(by_scheme["mask"]) == 3 * 2 * 2
@@ -75,9 +74,8 @@ def test_traced_lists_are_members_and_static_lists_are_groups(monkeypatch):
   # One vmap on a mesh (slices would serialise members sharded over devices) and on an
   # accelerator.
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), (engine.MEMBER_AXIS,))  # Any mesh.
-  assert run._merged(group, mesh).members_per_call is None
-  monkeypatch.setattr(run.jax, "default_backend", lambda: "gpu")
-  assert run._merged(group, mesh=None).members_per_call is None
+  assert run._merged(group, mesh, platform="cpu").members_per_call is None
+  assert run._merged(group, mesh=None, platform="gpu").members_per_call is None
 
 
 def test_per_member_rows_follow_their_members():

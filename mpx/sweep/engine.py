@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax._src import core as jax_core  # trace_state_clean: no public equivalent
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mpx.sweep import optim
@@ -134,11 +135,13 @@ STEP_VARIANTS = {
 GPU_STEP_VARIANT = "plain"
 
 
-def chunk_options(step_variant: str) -> ChunkOptions:
+def chunk_options(step_variant: str, platform: str | None = None) -> ChunkOptions:
   """The `ChunkOptions` of a step variant: a name of `STEP_VARIANTS`, or "auto"
-  (`GPU_STEP_VARIANT` on a GPU, "plain" elsewhere)."""
+  (`GPU_STEP_VARIANT` on a GPU, "plain" elsewhere) for `platform`, the platform the chunk
+  is compiled for ("cpu", "gpu", "tpu"; None: this host's default backend)."""
   if step_variant == "auto":
-    step_variant = GPU_STEP_VARIANT if jax.default_backend() == "gpu" else "plain"
+    platform = jax.default_backend() if platform is None else platform
+    step_variant = GPU_STEP_VARIANT if platform == "gpu" else "plain"
   if step_variant not in STEP_VARIANTS:
     raise ValueError(f"step_variant={step_variant!r}; choose from "
                      f"{('auto',) + tuple(STEP_VARIANTS)}.")
@@ -160,8 +163,9 @@ class Group:
     probe: persistence diagnostics (None: none); keeps the initial params in the state.
     members_per_call: None vmaps all members at once; m maps them in slices of m
       (`lax.map(batch_size=m)`): the memory valve for large models, same results.
-    chunk_options: how the training chunk is compiled (`ChunkOptions`; `chunk_options`
-      of a config's `step_variant`).
+    chunk_options: how the training chunk is compiled: `ChunkOptions`, or a config's
+      `step_variant` name, resolved (`chunk_options`) for the platform the chunk is
+      compiled for, so "auto" follows the target of `mpx compile` too.
   """
   name: str
   members: Sequence[Member]
@@ -173,9 +177,11 @@ class Group:
   optim: optim.OptimConfig = optim.OptimConfig()
   probe: Probe | None = None
   members_per_call: int | None = None
-  chunk_options: ChunkOptions = ChunkOptions()
+  chunk_options: ChunkOptions | str = ChunkOptions()
 
   def __post_init__(self):
+    if isinstance(self.chunk_options, str):
+      chunk_options(self.chunk_options)  # Raises naming the variants.
     if not self.members:
       raise ValueError(f"group {self.name!r} has no members.")
     if self.steps < 1:
@@ -268,6 +274,8 @@ def jit_once(fn: Callable) -> Callable:
 
   @functools.wraps(fn)
   def call(*args, **kwargs):
+    if not jax_core.trace_state_clean():  # Inside a trace (`mpx compile`'s eval_shape):
+      return fn(*args, **kwargs)  # inlined there, as jit takes no options when nested.
     return compiled()(*args, **kwargs)
   return call
 
@@ -416,8 +424,9 @@ def make_member_step(loss: Callable, optim_config: optim.OptimConfig) -> Callabl
   return step_fn
 
 
-def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
-  """`(state, hparams, data) → (state, out)` for `chunk_steps` steps of every member.
+def make_train_chunk(group: Group, chunk_steps: int, platform: str | None = None) -> Callable:
+  """`(state, hparams, data) → (state, out)` for `chunk_steps` steps of every member, for
+  `platform` (None: this host's default backend; `mpx compile` names its target's).
 
   `data` is the device arrays (`group.data.arrays`, as placed by `place`) or, for a
   `Stream`, the chunk's batches `{name: [chunk_steps, B, ...]}` shared by all members
@@ -439,9 +448,11 @@ def make_train_chunk(group: Group, chunk_steps: int) -> Callable:
       "per_member" if data.per_member else "shared", data.sampling)
   stream_rows = (data.stream_of([m.seed for m in group.members])
                  if isinstance(data, Stream) and data.stacked else None)
+  options = group.chunk_options
+  if isinstance(options, str):
+    options = chunk_options(options, platform)
   return _compiled_chunk(group.task.loss, group.optim, kind, stream_rows, group.batch_size,
-                         group.steps, chunk_steps, group.members_per_call,
-                         group.chunk_options)
+                         group.steps, chunk_steps, group.members_per_call, options)
 
 
 @functools.lru_cache(maxsize=64)

@@ -588,7 +588,19 @@ def _built(experiment: types.ModuleType, configs, run_dir=None) -> list[list[eng
   return [list(same) for same in zip(*per_config)]
 
 
-def _merged(groups: list[engine.Group], mesh) -> engine.Group:
+def build_run_groups(experiment: types.ModuleType, variants, mesh, platform: str,
+                     run_dir=None) -> list[engine.Group]:
+  """The groups a run trains, for a mesh of `platform` devices (None: one device): what
+  `mpx run` trains and `mpx compile` compiles for the same arguments."""
+  groups = [labelled(_merged(built, mesh, platform), labels) for labels, configs in variants
+            for built in _built(experiment, configs, run_dir)]
+  if len({g.name for g in groups}) != len(groups):
+    raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
+                     "each group needs its own checkpoint folder.")
+  return groups
+
+
+def _merged(groups: list[engine.Group], mesh, platform: str) -> engine.Group:
   """The group at every value of the traced sweep, one program. On one CPU device, unless
   the config sets `members_per_call`, it maps its members in slices of one value's K:
   there a vmap of K·L members is slower per member-step than L programs of K, slices of K
@@ -598,7 +610,7 @@ def _merged(groups: list[engine.Group], mesh) -> engine.Group:
   if len(groups) == 1:
     return groups[0]
   merged = engine.merge_groups(groups)
-  if merged.members_per_call is None and mesh is None and jax.default_backend() == "cpu":
+  if merged.members_per_call is None and mesh is None and platform == "cpu":
     merged = dataclasses.replace(merged, members_per_call=len(groups[0].members))
   return merged
 
@@ -698,11 +710,7 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
                                    list(traced))
   # Built before anything is written: a config the family refuses leaves no folder.
   mesh = engine.member_mesh(devices)
-  groups = [labelled(_merged(built, mesh), labels) for labels, configs in variants
-            for built in _built(experiment, configs, run_dir)]
-  if len({g.name for g in groups}) != len(groups):
-    raise ValueError(f"{experiment.NAME}: group names repeat ({[g.name for g in groups]}); "
-                     "each group needs its own checkpoint folder.")
+  groups = build_run_groups(experiment, variants, mesh, jax.default_backend(), run_dir)
   # Every check comes before the first write: a refused run leaves the folder as it was.
   # All processes check (each must refuse alike); process 0 alone writes, then all wait.
   if not url:

@@ -505,6 +505,6 @@ def make_group(config: Config, task_name: str, fraction: float,
                       per_member=True, sampling="epoch"),
       eval_data=EvalData({"tokens": eval_tokens}, config.eval_batch), steps=config.steps,
       batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
-      chunk_options=engine.chunk_options(config.step_variant),
+      chunk_options=config.step_variant,
       optim=optim.OptimConfig(optimizer="adamw", schedule="warmup_cosine",
                               total_steps=config.steps, warmup_steps=config.warmup_steps))

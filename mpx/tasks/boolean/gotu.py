@@ -469,7 +469,7 @@ def make_group(config: Config, task: boolean.BooleanTask | str,
       name=spec.name, members=list(group_members), task=make_task(config, spec), data=data,
       eval_data=EvalData({"x": x_cube}, config.eval_points_per_call), steps=steps,
       batch_size=config.batch_size, members_per_call=config.members_per_call,
-      chunk_options=engine.chunk_options(config.step_variant),
+      chunk_options=config.step_variant,
       probe=persistence_probe(config, spec, group_members) if probe else None,
       optim=optim.OptimConfig(optimizer="adam_l2", total_steps=steps))
 

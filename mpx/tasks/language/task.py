@@ -265,7 +265,7 @@ def make_group(config: Config) -> engine.Group:
       data=DeviceData({"tokens": train}, sampling="epoch"),
       eval_data=EvalData({"tokens": evaluated}, config.eval_batch), steps=config.steps,
       batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
-      chunk_options=engine.chunk_options(config.step_variant),
+      chunk_options=config.step_variant,
       optim=optim.OptimConfig(optimizer="adamw", schedule="warmup_cosine",
                               total_steps=config.steps, warmup_steps=config.warmup_steps,
                               grad_clip=config.grad_clip, b2=0.95))

@@ -392,7 +392,7 @@ def make_group(config: Config, fraction: float,
       name=name, members=list(group_members), task=make_task(config), data=stream,
       eval_data=EvalData(evaluation, config.eval_batch), steps=steps,
       batch_size=config.batch_size, probe=probe, members_per_call=config.members_per_call,
-      chunk_options=engine.chunk_options(config.step_variant),
+      chunk_options=config.step_variant,
       optim=optim.OptimConfig(optimizer="adamw", schedule="warmup_cosine",
                               total_steps=steps, warmup_steps=warmup,
                               grad_clip=config.grad_clip, no_decay=NO_WEIGHT_DECAY))
