@@ -15,8 +15,10 @@ from mpx.sweep import aot, config as config_lib, engine, run as run_lib, targets
 
 BOOLEAN = config_lib.load_experiment("boolean_gotu")
 # 8 members (2 per chip of a v5e:2x2), of widths that fill XLA:TPU's 128-lane tiles, so
-# that its padding of small dimensions does not hide what the members take.
-TINY_SWEEP = ["seeds=4", "width=128", "num_heads=1", "head_dim=128", "mlp_dim=128"]
+# that its padding of small dimensions does not hide what the members take; small batches
+# keep XLA:TPU's compile short (its time grows with them).
+TINY_SWEEP = ["seeds=4", "width=128", "num_heads=1", "head_dim=128", "mlp_dim=128",
+              "batch_size=32", "eval_points_per_call=512"]
 
 
 @pytest.fixture(scope="module")
@@ -125,22 +127,29 @@ def test_compile_builds_the_groups_that_run_trains(tmp_path, monkeypatch):
     run_lib.run_experiment(BOOLEAN, preset="tiny", overrides=overrides,
                            out_dir=str(tmp_path / "run"))
   compiled = []
-  monkeypatch.setattr(aot, "compile_group", lambda group, *args: compiled.append(group))
+  monkeypatch.setattr(aot, "compile_group",
+                      lambda group, *args, **kwargs: compiled.append(group))
   aot.compile_experiment(BOOLEAN, "h100:1", preset="tiny", overrides=overrides)
   key = lambda g: (g.name, list(g.members), g.steps, g.batch_size, g.chunk_options)
   assert [key(g) for g in compiled] == [key(g) for g in trained]
   assert len(compiled[0].members) == 2 * 2 * 2  # 2 schemes × 2 seeds × 2 learning rates.
 
 
-def test_a_group_that_does_not_fit_ends_with_one_line(monkeypatch, capsys):
-  """An H100 given a tiny share of its memory (jax's XLA_PYTHON_CLIENT_MEM_FRACTION): exit
-  2, one line with the need, the memory and the members per device that would fit."""
-  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.000001")
+def test_a_group_that_does_not_fit_ends_with_one_line(gpu_report, monkeypatch, capsys):
+  """An H100 given a small share of its memory (jax's XLA_PYTHON_CLIENT_MEM_FRACTION): exit
+  2, one line with the need, the memory and the members per device that would fit, which
+  is fewer than the 8 it holds."""
+  monkeypatch.setattr(aot, "compile_experiment", lambda *args, **kwargs: ("tiny", [gpu_report]))
+  fraction = gpu_report.need / gpu_report.target.chip.memory / 2
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", str(fraction))
   code = cli.main(["compile", "boolean_gotu", "--preset", "tiny", "--target", "h100:1"])
   err = capsys.readouterr().err.strip().splitlines()
   assert code == aot.DOES_NOT_FIT_EXIT_CODE
   assert len(err) == 1 and err[0].startswith("mpx compile: does not fit: group 2parity "), err
-  assert "members per device would fit (now 2)" in err[0]
+  fit = gpu_report.members_that_fit
+  assert 0 < fit < 8 and f"≈ {fit} members per device would fit (now 8)" in err[0], err
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", str(fraction * 4))
+  assert cli.main(["compile", "boolean_gotu", "--target", "h100:1"]) == 0
 
 
 def test_a_tpu_program_too_large_for_hbm_is_refused_at_compile_time():
@@ -167,6 +176,7 @@ def test_a_missing_compiler_names_the_extra(monkeypatch):
     targets.devices.__wrapped__(targets.parse("v6e:2x2"))
 
 
+@pytest.mark.slow
 def test_two_processes_load_libtpu_at_once():
   """pytest workers (and launchers) compile for TPUs side by side: libtpu's lock file
   would refuse the second process without ALLOW_MULTIPLE_LIBTPU_LOAD."""

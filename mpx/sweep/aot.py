@@ -359,8 +359,10 @@ def _cost(compiled) -> dict:
   return dict(cost or {})
 
 
-def compile_group(group: engine.Group, cfg, target: targets_lib.Target, devices) -> GroupReport:
-  """The group's training chunk and evaluation compiled for `target`."""
+def compile_group(group: engine.Group, cfg, target: targets_lib.Target, devices, *,
+                  evaluation: bool = True) -> GroupReport:
+  """The group's training chunk and (unless `evaluation=False`) evaluation compiled for
+  `target`."""
   mesh = _device_mesh(devices)
   rows = engine.padded_size(len(group.members), mesh)
   params = member_params(group)
@@ -373,10 +375,11 @@ def compile_group(group: engine.Group, cfg, target: targets_lib.Target, devices)
                           hparams, data)
   batch = next(group.eval_data.batches())
   replicated = NamedSharding(mesh, PartitionSpec())
+  eval_name = f"evaluation (batch {group.eval_data.batch_size})"
   evaluation = compile_program(
-      f"evaluation (batch {group.eval_data.batch_size})",
-      evaluate_lib._eval_fn(group.task.eval_step, group.members_per_call), state.params,
-      {k: _abstract(np.asarray(v), replicated) for k, v in batch.items()})
+      eval_name, evaluate_lib._eval_fn(group.task.eval_step, group.members_per_call),
+      state.params, {k: _abstract(np.asarray(v), replicated) for k, v in batch.items()}
+  ) if evaluation else Program(eval_name + ", not compiled", 0.0, None, None, None, 0, 0, 0)
   return GroupReport(
       group=group.name, target=target, members=len(group.members), rows=rows,
       members_per_call=group.members_per_call, steps=group.steps,
@@ -386,9 +389,11 @@ def compile_group(group: engine.Group, cfg, target: targets_lib.Target, devices)
 
 
 def compile_experiment(experiment: types.ModuleType, target: str, *, preset: str | None = None,
-                       overrides=()) -> tuple[str, list[GroupReport]]:
+                       overrides=(), evaluation: bool = True
+                       ) -> tuple[str, list[GroupReport]]:
   """`mpx compile`: (preset, one report per group) of the run `mpx run` would start with
-  these arguments, compiled for `target`."""
+  these arguments, compiled for `target` (the training chunks alone with
+  `evaluation=False`)."""
   target = targets_lib.parse(target)
   preset, variants = config_lib.make_configs(experiment, preset, overrides)
   config_lib.check_installed([c for _, configs in variants for c in configs])
@@ -402,7 +407,8 @@ def compile_experiment(experiment: types.ModuleType, target: str, *, preset: str
   mesh = _device_mesh(devices) if len(devices) > 1 else None
   groups = run_lib.build_run_groups(experiment, variants, mesh, target.platform)
   cfg = variants[0][1][0]
-  return preset, [compile_group(g, cfg, target, devices) for g in groups]
+  return preset, [compile_group(g, cfg, target, devices, evaluation=evaluation)
+                  for g in groups]
 
 
 # --------------------------------------------------------------------------- the report
@@ -434,14 +440,16 @@ def format_report(report: GroupReport) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for p in (report.train, report.evaluation):
     if p.memory is None:
-      lines.append(f"| {p.name} | {p.seconds:.1f} | refused: {p.error} | | | | "
-                   f"{_gb(p.needed)} | | | | | | |")
+      why = "no memory analysis" if p.error is None else f"refused: {p.error}"
+      lines.append(f"| {p.name} | {p.seconds:.1f} | {why} | | | | {_gb(p.needed)} | | | | "
+                   "| | |")
       continue
     m = p.memory
     lines.append(
         f"| {p.name} | {p.seconds:.1f} | {_gb(m.arguments)} | {_gb(m.temporaries)} | "
         f"{_gb(m.outputs)} | {_gb(m.code)} | {_gb(m.total)} | {p.fusions} | "
-        f"{p.collectives} | {p.custom_calls} | {'–' if p.loop_kernels is None else p.loop_kernels} | "
+        f"{p.collectives} | {p.custom_calls} | "
+        f"{'–' if p.loop_kernels is None else p.loop_kernels} | "
         f"{'–' if p.flops is None else f'{p.flops / 1e9:.4g}'} | "
         f"{'–' if p.bytes_accessed is None else f'{p.bytes_accessed / 1e9:.4g}'} |")
   usable = t.usable_memory
