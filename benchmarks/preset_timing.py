@@ -10,7 +10,7 @@ precision: TF32 on NVIDIA tensor cores) and bfloat16 rates of an n³ `jnp.dot`, 
 report. At `--budget-s` the run gets SIGTERM: it finishes its chunk, checkpoints and stops
 (`--resume` continues it), and this script reports how far it got. Achieved FLOP/s =
 member-steps trained × the model's matmul FLOPs per member-step
-(`chunk_timing.model_matmul_flops`) / wall time, so init, compilation and evaluation count
+(`mpx.sweep.flops.transformer_matmul_flops`) / wall time, so init, compilation and evaluation count
 against it; XLA's count (cost analysis of the compiled chunk) is printed beside it, marked
 where the two differ by more than 2×.
 """
@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import run as bench  # benchmarks/run.py (puts the repository on sys.path).
 from mpx import report  # noqa: E402
 from mpx.sweep import config as config_lib  # noqa: E402
+from mpx.sweep import flops  # noqa: E402
 from mpx.sweep import run as run_lib  # noqa: E402
 from mpx.tasks import boolean  # noqa: E402
 
@@ -50,7 +51,7 @@ def progress(run_dir: pathlib.Path) -> dict[str, tuple[int, int]]:
 
 def model_gflop(cfg, group: str) -> float:
   """The model's matmul GFLOP per member-step of a group (a task) of the run's config."""
-  return bench.chunk_timing.model_matmul_flops(cfg, boolean.get_task(group).n_bits + 1) / 1e9
+  return flops.transformer_matmul_flops(cfg, boolean.get_task(group).n_bits + 1) / 1e9
 
 
 def flops_line(preset: str, cfg) -> str:

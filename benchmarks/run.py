@@ -11,7 +11,7 @@ of single-member jitted steps (quick scale: what a user without the member axis 
 and `torch_reference.py` (members one after another). The model and data are the
 Boolean GOTU experiment's (2Parity, mask scheme, epoch protocol, batch 256). Rates
 exclude compilation, which is printed separately. Achieved FLOP/s = the model's matmul
-FLOPs per member-step (`chunk_timing.model_matmul_flops`) × member-steps/s, against a
+FLOPs per member-step (`mpx.sweep.flops.transformer_matmul_flops`) × member-steps/s, against a
 float32 matmul peak measured by jax in the same process, so the ratios hold on whatever
 machine runs this; XLA's cost analysis of the compiled program is printed beside it, and
 a row where the two differ by more than 2× is marked. `--settings` adds
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import chunk_timing  # noqa: E402 (applies mpx's per-CPU XLA flags, as `mpx run` does)
 from mpx.sweep import config as config_lib  # noqa: E402
 from mpx.sweep import cpu_flags  # noqa: E402
-from mpx.sweep import engine, optim  # noqa: E402
+from mpx.sweep import engine, flops, optim  # noqa: E402
 from mpx.tasks.boolean import gotu as boolean_gotu  # noqa: E402
 from mpx.tasks import boolean  # noqa: E402
 
@@ -145,7 +145,7 @@ def experiment_config(scale: str, members: int):
 def model_gflop(scale: str) -> float:
   """The model's matmul GFLOP per member-step at a scale: what achieved FLOP/s divide."""
   _, cfg = experiment_config(scale, 1)
-  return chunk_timing.model_matmul_flops(cfg, boolean.get_task("2parity").n_bits + 1) / 1e9
+  return flops.transformer_matmul_flops(cfg, boolean.get_task("2parity").n_bits + 1) / 1e9
 
 
 def make_group(scale: str, members: int) -> engine.Group:
@@ -368,7 +368,7 @@ def report(rows, peaks, torch_peaks, machine, params, command, smoke: bool,
       "- params (mpx = torch, asserted): " + ", ".join(f"{s} {n:,}" for s, n in params.items()),
       "", *rows_table(rows, peak), "",
       "GFLOP / member-step (model): the model's matmuls, forward and backward "
-      "(`chunk_timing.model_matmul_flops`), from which achieved GFLOP/s is computed; the PyTorch "
+      "(`mpx.sweep.flops.transformer_matmul_flops`), from which achieved GFLOP/s is computed; the PyTorch "
       "row trains the same model. (XLA): XLA's cost analysis of the compiled program (a "
       "scan's body counts once) / K, beside it as a check; ⚠ marks a count off by more "
       f"than {chunk_timing.FLOPS_DISAGREE:g}×. Rates exclude compilation; PyTorch excludes "
@@ -410,7 +410,7 @@ def performance_block(rows, peaks, torch_peaks, machine: str, when: str, at: str
   lines += ["", f"jax's float32 matmul peak: {peak:.1f} GFLOP/s (torch.mm: "
             f"{max(torch_peaks.values()):.1f}); PyTorch's step reaches {torch_share} of "
             "jax's peak. Achieved FLOP/s count the model's matmuls "
-            "(`chunk_timing.model_matmul_flops`) × member-steps/s.", "", "Targets:", ""]
+            "(`mpx.sweep.flops.transformer_matmul_flops`) × member-steps/s.", "", "Targets:", ""]
   for what, value, target in ratios(rows, peak):
     if target is None:
       continue

@@ -31,7 +31,7 @@ import pytest
 import mpx.experiments.boolean_gotu as gotu_experiment
 from mpx import attention as attention_lib
 from mpx.sweep import config as config_lib
-from mpx.sweep import memory
+from mpx.sweep import flops, memory
 from mpx.tasks import boolean
 from mpx.tasks.boolean import gotu as boolean_gotu
 
@@ -123,7 +123,7 @@ def _sweep_content(stages, peaks):
   size), and the most members that fit is the arithmetic of the two float32 rows."""
   stage = stages["sweep"]
   _, config = config_lib.make_config(gotu_experiment, "tiny")
-  model = chunk_timing.model_matmul_flops(config, boolean.get_task("2parity").n_bits + 1)
+  model = flops.transformer_matmul_flops(config, boolean.get_task("2parity").n_bits + 1)
   for row in stage["rows"]:
     assert row["member-steps/s"] == f"{row['rate']:.4g}", row
     assert row["program memory"] == memory.size(row["program"]), row
@@ -687,27 +687,17 @@ def test_the_sweeps_rate_counts_every_member_step(tmp_path, monkeypatch):
   ratio = float(row["GFLOP / member-step (XLA)"]) / float(row["GFLOP / member-step (model)"])
   assert ratio < 0.5 and row["note"] == f"⚠ XLA counts {ratio:.2f}× the model's FLOPs", row
   _, config = config_lib.make_config(gotu_experiment, "tiny")
-  model = chunk_timing.model_matmul_flops(config, 16)
+  model = flops.transformer_matmul_flops(config, 16)
   assert float(row["achieved TFLOP/s"]) == pytest.approx(model * row["rate"] / 1e12, rel=5e-3)
 
 
 # --------------------------------------------------------------------------- FLOP counts
 
 
-def _dot_flops(jaxpr) -> int:
-  """2 × output size × contracted size of every dot_general of a jaxpr (sub-jaxprs too)."""
-  total = 0
-  for e in _equations(jaxpr):
-    if e.primitive.name == "dot_general":
-      (contracting, _), _ = e.params["dimension_numbers"]
-      lhs = e.invars[0].aval.shape
-      total += 2 * math.prod(e.outvars[0].aval.shape) * math.prod(lhs[i] for i in contracting)
-  return total
-
-
 @pytest.mark.parametrize("preset", ["tiny", "paper"])
 def test_the_models_flops_are_the_matmuls_of_its_training_step(preset):
-  """`model_matmul_flops` is every matmul of value_and_grad of the member's loss, counted
+  """`transformer_matmul_flops` is every matmul of value_and_grad of the member's loss (its
+  attention products once, not per platform branch), counted
   from the step's jaxpr (traced on shapes: nothing runs), at the tiny and the paper
   preset (159 GFLOP, not the 31–115 XLA's GPU cost analysis gave)."""
   _, config = config_lib.make_config(gotu_experiment, preset)
@@ -719,9 +709,8 @@ def test_the_models_flops_are_the_matmuls_of_its_training_step(preset):
       jax.random.key(0))
   batch = {"x": jax.ShapeDtypeStruct((config.batch_size, spec.n_bits), jnp.float32),
            "y": jax.ShapeDtypeStruct((config.batch_size,), jnp.float32)}
-  step = jax.make_jaxpr(jax.value_and_grad(lambda p, b: task.loss(p, b, None)[0]))
-  counted = _dot_flops(step(params, batch).jaxpr)
-  assert chunk_timing.model_matmul_flops(config, spec.n_bits + 1) == counted
+  counted = flops.step_flops(task.loss, params, batch)
+  assert flops.transformer_matmul_flops(config, spec.n_bits + 1) == counted
   if preset == "paper":
     assert round(counted / 1e9, 1) == 158.2
 
@@ -732,7 +721,7 @@ def test_run_and_preset_timing_mark_a_low_xla_count(monkeypatch):
   import preset_timing
   import run as bench
   _, config = config_lib.make_config(gotu_experiment, "tiny")
-  model = chunk_timing.model_matmul_flops(config, 16)
+  model = flops.transformer_matmul_flops(config, 16)
   monkeypatch.setattr(bench, "compiled_chunk", lambda *a: ("compiled",))
   monkeypatch.setattr(chunk_timing, "xla_flops", lambda compiled: model / 5)
   line = preset_timing.flops_line("tiny", config)

@@ -18,7 +18,7 @@ import numpy as np
 from accelerator_check import context, environment, report
 import chunk_timing
 from mpx.sweep import config as config_lib
-from mpx.sweep import engine, memory
+from mpx.sweep import engine, flops, memory
 from mpx.tasks import boolean
 
 SWEEP_COLUMNS = ["preset", "precision, attention", "K", "member-steps/s", "compile s",
@@ -88,7 +88,7 @@ def measure_boolean(ctx: context.Context, slot: str, k: int, dtype: str = "float
     return row | {"note": note}
   seconds = chunk_timing.time_chunk(chunk, state, hparams, data, ctx.sizes.repeats)
   rate = k * steps * ctx.sizes.repeats / seconds
-  model = chunk_timing.model_matmul_flops(cfg, boolean.get_task("2parity").n_bits + 1)
+  model = flops.transformer_matmul_flops(cfg, boolean.get_task("2parity").n_bits + 1)
   xla = chunk_timing.xla_flops(chunk) / k
   achieved = model * rate / 1e12
   peak = ctx.peaks.get(dtype)
@@ -172,7 +172,7 @@ def stage_sweep(ctx: context.Context, st: dict) -> None:
       f"{' / '.join(str(sizes.steps[s]) for s in ('paper', 'quick'))} steps; rates "
       f"exclude compilation (one warm-up chunk, then {sizes.repeats} timed). GFLOP / "
       "member-step (model): the model's matmuls, forward and backward "
-      "(`chunk_timing.model_matmul_flops`: 6·P·N·B for the dense weights P, N tokens, batch "
+      "(`mpx.sweep.flops.transformer_matmul_flops`: 6·P·N·B for the dense weights P, N tokens, batch "
       "B, plus attention's 12·L·H·N²·R·B), which the achieved TFLOP/s and the fraction of "
       "the measured matmul peak of the row's dtype divide by; (XLA): XLA's cost analysis of "
       "the chunk / K (a scan's body counts once), beside it as a check, and a row where it "

@@ -48,3 +48,24 @@ def step_flops(loss, params, batch) -> int:
   `jax.ShapeDtypeStruct`s; nothing runs)."""
   grad = jax.value_and_grad(lambda p, b: loss(p, b, jax.random.key(0))[0])
   return matmul_flops(jax.make_jaxpr(grad)(params, batch).jaxpr)
+
+
+def transformer_matmul_flops(config, n_tokens: int, out_features: int = 1) -> float:
+  """Matmul FLOPs of one training step of one member of the GOTU TokenTransformer
+  (`mpx.nn.transformer`, the Boolean experiments' model), forward and backward, in closed
+  form: equal to `step_flops` of the Boolean loss (a test checks), and what the
+  benchmarks' achieved FLOP/s divides by.
+
+  Per example of N tokens (CLS included), width D, L layers of H heads of R dims (HR =
+  H·R) and an MLP of M: each layer's q, k, v and output projections 2·N·4·D·HR, its MLP
+  2·N·2·D·M, its attention logits and weighted sum 2·2·H·N²·R; the readout 2·D on the CLS
+  token. Embeddings are gathers, LayerNorm, softmax, the prior and the optimizer are
+  elementwise: no matmul. The backward pass runs two matmuls of each forward one's size
+  (the input's gradient and the weight's; q, k and p, v for attention), so a step is
+  3× the forward pass: 6·P·N·B for the dense weights P plus attention's 12·L·H·N²·R·B.
+  `config` needs width, depth, num_heads, head_dim, mlp_dim and batch_size."""
+  d, heads = config.width, config.num_heads * config.head_dim
+  per_layer = (2 * n_tokens * (4 * d * heads + 2 * d * config.mlp_dim)
+               + 4 * config.num_heads * n_tokens ** 2 * config.head_dim)
+  forward = config.depth * per_layer + 2 * d * out_features
+  return 3.0 * forward * config.batch_size
