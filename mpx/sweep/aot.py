@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import re
 import tempfile
 import time
 import types
-from typing import Any
+from concurrent import futures
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +73,6 @@ class Program:
   custom_calls: int
   loop_kernels: int | None = None  # kernels per iteration of its loop (`loop_body_stats`)
   loop_bytes: int | None = None  # their operands and outputs, bytes per iteration
-  notes: tuple[str, ...] = ()
   error: str | None = None  # the compiler refused it (a TPU program too large for HBM)
   needed: int | None = None  # bytes per device the refusal names
 
@@ -91,6 +92,7 @@ class GroupReport:
   state_per_member: int  # bytes of one member's state (params, optimizer, key, ...)
   train: Program
   evaluation: Program
+  notes: tuple[str, ...] = ()  # where XLA said the program differs from the device's own
 
   @property
   def per_device(self) -> int:
@@ -265,34 +267,31 @@ _HBM_NEEDED = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def compile_program(name: str, jitted, *args) -> Program:
-  """Lowers and compiles `jitted` on `args` (shapes with the target's shardings) and
-  reads XLA's analyses; a compile the target's compiler refuses (a TPU program too large
-  for HBM) is reported, not raised."""
+def compile_program(name: str, lowered) -> Program:
+  """Compiles `lowered` (a program lowered on shapes with the target's shardings) and reads
+  XLA's analyses; a compile the target's compiler refuses (a TPU program too large for
+  HBM) is reported, not raised."""
   start = time.perf_counter()
-  with _stderr_captured() as log:
-    try:
-      compiled = jitted.lower(*args).compile()
-    except Exception as e:  # XLA's refusal: RESOURCE_EXHAUSTED and kin, as jax raises them.
-      message = str(e)
-      if "RESOURCE_EXHAUSTED" not in message and "exceeds available" not in message:
-        raise
-      found = _HBM_NEEDED.search(message)
-      needed = int(float(found.group(1)) * _UNITS[found.group(2)]) if found else None
-      first = next((line for line in message.splitlines() if "HBM" in line), message)
-      return Program(name, time.perf_counter() - start, None, None, None, 0, 0, 0,
-                     error=first.strip()[:300], needed=needed)
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # XLA's refusal: RESOURCE_EXHAUSTED and kin, as jax raises them.
+    message = str(e)
+    if "RESOURCE_EXHAUSTED" not in message and "exceeds available" not in message:
+      raise
+    found = _HBM_NEEDED.search(message)
+    needed = int(float(found.group(1)) * _UNITS[found.group(2)]) if found else None
+    first = next((line for line in message.splitlines() if "HBM" in line), message)
+    return Program(name, time.perf_counter() - start, None, None, None, 0, 0, 0,
+                   error=first.strip()[:300], needed=needed)
   seconds = time.perf_counter() - start
   cost = _cost(compiled)
   text = compiled.as_text() or ""
-  notes = tuple(note for key, note in DEVICELESS_NOTES.items()
-                if any(key in line for line in log))
   loop = loop_body_stats(text) or (None, None)
   return Program(
       name, seconds, memory.program_bytes(compiled), cost.get("flops"),
       cost.get("bytes accessed"), len(re.findall(r"\sfusion\(", text)),
       sum(len(re.findall(rf"\s{op}(-start)?\(", text)) for op in COLLECTIVES),
-      len(re.findall(r"\scustom-call\(", text)), *loop, notes)
+      len(re.findall(r"\scustom-call\(", text)), *loop)
 
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
@@ -360,9 +359,12 @@ def _cost(compiled) -> dict:
 
 
 def compile_group(group: engine.Group, cfg, target: targets_lib.Target, devices, *,
-                  evaluation: bool = True) -> GroupReport:
-  """The group's training chunk and (unless `evaluation=False`) evaluation compiled for
-  `target`."""
+                  evaluation: bool = True, pool: futures.Executor | None = None
+                  ) -> Callable[[], GroupReport]:
+  """Lowers the group's training chunk and (unless `evaluation=False`) evaluation for
+  `target` and compiles them, in `pool` where given (XLA compiles outside the GIL: the
+  groups' programs compile side by side); returns the function that waits for them and
+  gives the report."""
   mesh = _device_mesh(devices)
   rows = engine.padded_size(len(group.members), mesh)
   params = member_params(group)
@@ -371,29 +373,40 @@ def compile_group(group: engine.Group, cfg, target: targets_lib.Target, devices,
   hparams = _widened(optim.stack_hparams([group.members[0].hparams]), rows, split, None)
   data = abstract_data(group, cfg.chunk_steps, rows, mesh)
   chunk = engine.make_train_chunk(group, cfg.chunk_steps, platform=target.platform)
-  train = compile_program(f"training chunk ({cfg.chunk_steps} steps)", chunk, state,
-                          hparams, data)
-  batch = next(group.eval_data.batches())
-  replicated = NamedSharding(mesh, PartitionSpec())
+  submit = pool.submit if pool is not None else _done
+  train = submit(compile_program, f"training chunk ({cfg.chunk_steps} steps)",
+                 chunk.lower(state, hparams, data))
   eval_name = f"evaluation (batch {group.eval_data.batch_size})"
-  evaluation = compile_program(
-      eval_name, evaluate_lib._eval_fn(group.task.eval_step, group.members_per_call),
-      state.params, {k: _abstract(np.asarray(v), replicated) for k, v in batch.items()}
-  ) if evaluation else Program(eval_name + ", not compiled", 0.0, None, None, None, 0, 0, 0)
-  return GroupReport(
-      group=group.name, target=target, members=len(group.members), rows=rows,
+  if evaluation:
+    replicated = NamedSharding(mesh, PartitionSpec())
+    batch = {k: _abstract(np.asarray(v), replicated)
+             for k, v in next(group.eval_data.batches()).items()}
+    evaluate = evaluate_lib._eval_fn(group.task.eval_step, group.members_per_call)
+    evaluated = submit(compile_program, eval_name, evaluate.lower(state.params, batch))
+  else:
+    evaluated = _done(Program, eval_name + ", not compiled", 0.0, None, None, None, 0, 0, 0)
+  report = functools.partial(
+      GroupReport, group=group.name, target=target, members=len(group.members), rows=rows,
       members_per_call=group.members_per_call, steps=group.steps,
       chunk_steps=cfg.chunk_steps, compute_dtype=getattr(cfg, "compute_dtype", "float32"),
       model_flops=flops_lib.step_flops(group.task.loss, params, _one_batch(group, data)),
-      state_per_member=_state_bytes(state, rows), train=train, evaluation=evaluation)
+      state_per_member=_state_bytes(state, rows))
+  return lambda: report(train=train.result(), evaluation=evaluated.result())
+
+
+def _done(fn, *args) -> futures.Future:
+  """`fn(*args)` computed now, as a finished future."""
+  done = futures.Future()
+  done.set_result(fn(*args))
+  return done
 
 
 def compile_experiment(experiment: types.ModuleType, target: str, *, preset: str | None = None,
-                       overrides=(), evaluation: bool = True
+                       overrides=(), evaluation: bool = True, jobs: int | None = None
                        ) -> tuple[str, list[GroupReport]]:
   """`mpx compile`: (preset, one report per group) of the run `mpx run` would start with
   these arguments, compiled for `target` (the training chunks alone with
-  `evaluation=False`)."""
+  `evaluation=False`), `jobs` programs at a time (None: one per core of this process)."""
   target = targets_lib.parse(target)
   preset, variants = config_lib.make_configs(experiment, preset, overrides)
   config_lib.check_installed([c for _, configs in variants for c in configs])
@@ -407,8 +420,16 @@ def compile_experiment(experiment: types.ModuleType, target: str, *, preset: str
   mesh = _device_mesh(devices) if len(devices) > 1 else None
   groups = run_lib.build_run_groups(experiment, variants, mesh, target.platform)
   cfg = variants[0][1][0]
-  return preset, [compile_group(g, cfg, target, devices, evaluation=evaluation)
-                  for g in groups]
+  if jobs is None:
+    jobs = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
+  with _stderr_captured() as log, futures.ThreadPoolExecutor(jobs) as pool:
+    pending = [compile_group(g, cfg, target, devices, evaluation=evaluation, pool=pool)
+               for g in groups]
+    reports = [finish() for finish in pending]
+  notes = tuple(note for key, note in DEVICELESS_NOTES.items()
+                if any(key in line for line in log))
+  return preset, [dataclasses.replace(r, notes=notes) for r in reports]
 
 
 # --------------------------------------------------------------------------- the report
@@ -473,7 +494,7 @@ def format_report(report: GroupReport) -> str:
       f"TFLOP/s, {bytes_ / 1e9:.3g} GB ({source}) / {chip.bandwidth / 1e12:.3g} TB/s); "
       f"{report.steps} steps ≈ {_duration(report.steps * report.step_seconds)} of training "
       "(evaluation, init and compile not counted); a lower bound on the real time")
-  notes = sorted({n for p in (report.train, report.evaluation) for n in p.notes})
+  notes = list(report.notes)
   if t.platform == "gpu":
     notes.append(GPU_NOTE)
   lines += [f"note: {n}" for n in notes]
