@@ -87,6 +87,7 @@ class GroupReport:
   members_per_call: int | None
   steps: int
   chunk_steps: int
+  unroll: int  # steps per iteration of the chunk's loop (the step variant's scan unroll)
   compute_dtype: str
   model_flops: int  # per member-step: the step's matmuls
   state_per_member: int  # bytes of one member's state (params, optimizer, key, ...)
@@ -151,12 +152,13 @@ class GroupReport:
 
   @property
   def step_bytes(self) -> tuple[float, str]:
-    """Bytes one device moves per step: XLA's count of the chunk (its loop body), else
-    the step's kernels' operands and outputs in its HLO (each read whole once)."""
+    """Bytes one device moves per step: XLA's count of the chunk (its loop body, of
+    `unroll` steps), else the step's kernels' operands and outputs in its HLO (each read
+    whole once)."""
     if self.train.bytes_accessed:
-      return self.train.bytes_accessed, "XLA's bytes accessed"
+      return self.train.bytes_accessed / self.unroll, "XLA's bytes accessed"
     if self.train.loop_bytes:
-      return self.train.loop_bytes, "the step's kernels' operands and outputs"
+      return self.train.loop_bytes / self.unroll, "the step's kernels' operands and outputs"
     return 2.0 * self.state_per_member * self.per_device, "≥ the state read and written"
 
   @property
@@ -373,6 +375,9 @@ def compile_group(group: engine.Group, cfg, target: targets_lib.Target, devices,
   hparams = _widened(optim.stack_hparams([group.members[0].hparams]), rows, split, None)
   data = abstract_data(group, cfg.chunk_steps, rows, mesh)
   chunk = engine.make_train_chunk(group, cfg.chunk_steps, platform=target.platform)
+  options = group.chunk_options
+  if isinstance(options, str):
+    options = engine.chunk_options(options, target.platform)
   submit = pool.submit if pool is not None else _done
   train = submit(compile_program, f"training chunk ({cfg.chunk_steps} steps)",
                  chunk.lower(state, hparams, data))
@@ -388,7 +393,8 @@ def compile_group(group: engine.Group, cfg, target: targets_lib.Target, devices,
   report = functools.partial(
       GroupReport, group=group.name, target=target, members=len(group.members), rows=rows,
       members_per_call=group.members_per_call, steps=group.steps,
-      chunk_steps=cfg.chunk_steps, compute_dtype=getattr(cfg, "compute_dtype", "float32"),
+      chunk_steps=cfg.chunk_steps, unroll=options.scan_unroll,
+      compute_dtype=getattr(cfg, "compute_dtype", "float32"),
       model_flops=flops_lib.step_flops(group.task.loss, params, _one_batch(group, data)),
       state_per_member=_state_bytes(state, rows))
   return lambda: report(train=train.result(), evaluation=evaluated.result())
@@ -470,7 +476,7 @@ def format_report(report: GroupReport) -> str:
         f"| {p.name} | {p.seconds:.1f} | {_gb(m.arguments)} | {_gb(m.temporaries)} | "
         f"{_gb(m.outputs)} | {_gb(m.code)} | {_gb(m.total)} | {p.fusions} | "
         f"{p.collectives} | {p.custom_calls} | "
-        f"{'–' if p.loop_kernels is None else p.loop_kernels} | "
+        f"{'–' if p.loop_kernels is None else p.loop_kernels // report.unroll} | "
         f"{'–' if p.flops is None else f'{p.flops / 1e9:.4g}'} | "
         f"{'–' if p.bytes_accessed is None else f'{p.bytes_accessed / 1e9:.4g}'} |")
   usable = t.usable_memory
@@ -484,8 +490,8 @@ def format_report(report: GroupReport) -> str:
   lines.append(
       f"FLOPs per member-step: {report.model_flops / 1e9:.4g} G (the model's matmuls, "
       "traced)" + ("" if xla is None else
-                   f"; XLA counts {xla / report.per_device / 1e9:.4g} G per member-step "
-                   "(the chunk's loop body once)"))
+                   f"; XLA counts {xla / report.unroll / report.per_device / 1e9:.4g} G "
+                   "per member-step (the chunk's loop body once)"))
   bytes_, source = report.step_bytes
   lines.append(
       f"estimate (roofline from published peaks, not a measurement): "
