@@ -542,7 +542,7 @@ step_preflight() {
   if [[ -z $type ]]; then  # run on an existing slice: its type, as gcloud describes it
     if ((dry_run)); then
       quote "${tpu_vm[@]}" describe "$TPU_NAME" "${location[@]}" '--format=value(acceleratorType)'
-      type='$ACCELERATOR_TYPE'
+      type="\$ACCELERATOR_TYPE"  # what describe prints, in the dry run's commands
     else
       type=$("${tpu_vm[@]}" describe "$TPU_NAME" "${location[@]}" '--format=value(acceleratorType)') \
         || die "could not read the accelerator type of $TPU_NAME for the check before the run (above); set ACCELERATOR_TYPE, or skip the check with --no-preflight"

@@ -155,6 +155,8 @@ TPU_INSTALL = [
 ]
 TPU_RUN = f"{_SSH} --worker=all --command '{_START}'"
 TPU_ALL = [TPU_CREATE, *TPU_INSTALL, TPU_RUN]
+# Before anything is created or started: the job compiled for the slice's topology, here.
+TPU_PREFLIGHT = f"{sys.executable} -m mpx.cli compile boolean_gotu --preset paper --target v4-32"
 
 
 def _worker(subcommand):  # the command status, logs and stop give every worker
@@ -171,7 +173,15 @@ def _dry(*args, env):
 def test_tpu_pod_dry_run_all_prints_every_command(tmp_path):
   lines, err = _dry("all", "--", "boolean_gotu", "--preset", "paper",
                     env=_env(tmp_path, **TPU_VARS))
-  assert lines == TPU_ALL
+  assert lines == [TPU_PREFLIGHT, *TPU_ALL]
+  assert _dry("--no-preflight", "all", "--", "boolean_gotu", "--preset", "paper",
+              env=_env(tmp_path, **TPU_VARS))[0] == TPU_ALL
+  # run on a slice that is up: its accelerator type as gcloud describes it.
+  env = {k: v for k, v in _env(tmp_path, **TPU_VARS).items() if k != "ACCELERATOR_TYPE"}
+  lines = _dry("run", "--", "boolean_gotu", "--preset", "paper", env=env)[0]
+  assert lines[:2] == [
+      f"gcloud compute tpus tpu-vm describe mpx-v4-32 {_LOC} '--format=value(acceleratorType)'",
+      TPU_PREFLIGHT.replace("--target v4-32", "--target '$ACCELERATOR_TYPE'")]
   # Spelled out: the install pins jax[tpu] to this environment's jax under its constraints;
   # the run starts detached (mpx-worker.sh start), mounts the bucket, writes to the mount
   # (not to the gs:// URL), and is start-or-resume.
@@ -199,6 +209,7 @@ def test_tpu_pod_dry_run_of_status_logs_stop_fetch_and_watch(tmp_path):
   lines, err = _dry("watch", "--interval", "60", "--max-restarts", "5", "--grace", "30", "--",
                     "boolean_gotu", "--preset", "paper", env=env)
   assert lines == [
+      TPU_PREFLIGHT,
       "# watch: every 60 s the slice's state, then the job's on every worker; at most 5 "
       "restarts in all",
       describe, status.replace("'if", "'if", 1),
@@ -236,7 +247,8 @@ def test_tpu_pod_dry_run_options(tmp_path):
              MPX_LOG_SYNC="30", TFDS_DATA_DIR="/mnt/gcs/my-bucket/tensorflow_datasets")
   result = _script("tpu_pod.sh", "all", "--dry-run", "--", "vision", "--set", "a=b c", env=env)
   assert result.returncode == 0, result.stderr
-  lines = STAMP.sub("STAMP", result.stdout).splitlines()
+  preflight, *lines = STAMP.sub("STAMP", result.stdout).splitlines()
+  assert preflight == f"{sys.executable} -m mpx.cli compile vision --set 'a=b c' --target v5p-16"
   assert lines[0].endswith("--accelerator-type=v5p-16 --version=v2-alpha-tpuv5 --spot")
   assert not any(line.startswith("tar ") for line in lines)
   assert lines[4] == (f"gcloud compute tpus tpu-vm scp {_BUILD}/mpx-constraints.txt "
@@ -251,6 +263,22 @@ def test_tpu_pod_dry_run_options(tmp_path):
       "env TFDS_DATA_DIR=/mnt/gcs/my-bucket/tensorflow_datasets ~/mpx-venv/bin/mpx run vision "
       f"--set 'a=b c' --distributed --out {out} --resume=auto")
   assert len(lines) == 7
+
+
+def test_tpu_pod_stops_before_creating_a_slice_for_a_job_that_does_not_fit(tmp_path):
+  """The check before paying: mpx compile's status 2 ends `all` before gcloud creates the
+  slice (gcloud and MPX_PYTHON stubbed: a log of their calls)."""
+  log = tmp_path / "calls.log"
+  tools = tmp_path / "tools"
+  _stub(tools / "gcloud", "", log)
+  _stub(tools / "python", 'echo "mpx compile: does not fit: group 2parity ..." >&2; exit 2', log)
+  env = _env(tmp_path, **{**TPU_VARS, "MPX_PYTHON": str(tools / "python")},
+             PATH=f"{tools}:{os.environ['PATH']}")
+  result = _script("tpu_pod.sh", "all", "--", "boolean_gotu", "--preset", "paper", env=env)
+  assert result.returncode == 2, result.stderr
+  assert "nothing was created or started" in result.stderr
+  calls = log.read_text().splitlines()
+  assert calls == ["python -m mpx.cli compile boolean_gotu --preset paper --target v4-32"], calls
 
 
 def _stub(path, body, log):
@@ -439,6 +467,7 @@ def test_slurm_dry_run_prints_the_srun_commands(tmp_path):
       "come from JAX's SLURM auto-detection",
       f"srun --ntasks=2 --ntasks-per-node=1 {venv}/bin/python -c 'import socket, jax, mpx; "
       "print(socket.gethostname(), \"mpx\", mpx.__version__, \"jax\", jax.__version__)'",
+      f"{venv}/bin/mpx compile boolean_gotu --preset paper --target h100:16",
       f"srun --kill-on-bad-exit=1 --gpu-bind=none --cpus-per-task=8 {venv}/bin/mpx run "
       "boolean_gotu --preset paper --distributed --out /shared/runs/gotu --resume=auto",
       "# on exit status 75 (another process writes the run directory): srun again every 60 s, "
@@ -453,6 +482,13 @@ def test_slurm_dry_run_prints_the_srun_commands(tmp_path):
   assert result.stdout.splitlines() == expected
   result = _script("slurm_gpu.sbatch", *args, env=_env(tmp_path, **slurm, MPX_DRY_RUN="1"))
   assert result.returncode == 0 and result.stdout.splitlines() == expected
+  # The check before the run: MPX_GPU names the model; --no-preflight skips it.
+  result = _script("slurm_gpu.sbatch", "--dry-run", *args,
+                   env=_env(tmp_path, **slurm, MPX_GPU="h200"))
+  assert result.stdout.splitlines()[2].endswith("--target h200:16")
+  result = _script("slurm_gpu.sbatch", "--dry-run", "--no-preflight", *args,
+                   env=_env(tmp_path, **slurm))
+  assert result.stdout.splitlines() == expected[:2] + expected[3:]
   # A requeued job (SLURM_RESTART_COUNT) with MPX_MAX_REQUEUES and MPX_LOCK_*, outside a job.
   result = _script("slurm_gpu.sbatch", "--dry-run", *args, env=_env(
       tmp_path, MPX_VENV=str(venv), MPX_OUT="runs/gotu", SLURM_RESTART_COUNT="2",
