@@ -511,7 +511,7 @@ def does_not_fit(report: GroupReport) -> str:
   """The one line `mpx compile` ends with when a group does not fit."""
   t = report.target
   return (f"group {report.group} does not fit {t.name}: it needs {_gb(report.need)} per "
-          f"device, a {t.chip.name} gives {_gb(t.usable_memory)}; ≈ "
+          f"device, one {t.chip.name} gives {_gb(t.usable_memory)}; ≈ "
           f"{report.members_that_fit} members per device would fit (now "
           f"{report.per_device}): fewer members, more chips, or members_per_call")
 
