@@ -274,7 +274,9 @@ def test_cpu_products_match_the_einsums(monkeypatch):
   q, k, v = _qkv(16)
   m_HNN = jax.random.normal(jax.random.key(17), (H, N, N)) * 2
   w = jax.random.normal(jax.random.key(18), (B, N, H, D))
-  jvp = lambda: jax.jvp(lambda q, v: mpx.masked_attention(q, k, v, m_HNN), (q, v), (k, w))
+  dk = jax.random.normal(jax.random.key(19), k.shape)
+  jvp = lambda: jax.jvp(lambda q, k, v: mpx.masked_attention(q, k, v, m_HNN), (q, k, v),
+                        (k, dk, w))  # A tangent for each operand: q·dkᵀ is a product too.
   assert _takes_cpu_products(q, k, v, m_HNN)
   fast = (mpx.masked_attention(q, k, v, m_HNN), _attention_grads(q, k, v, m_HNN, w), jvp())
   monkeypatch.setattr(mpx.attention, "_cpu_products", lambda *args: False)
