@@ -143,6 +143,41 @@ def test_a_lost_lock_exits_at_once_with_the_locked_status(tmp_path):
   assert done.stderr.startswith("mpx run: lost the lock on RUN (taken): ")
 
 
+# A run whose heartbeat is stuck in a storage call (it never returns) and whose lock another
+# host takes over right after the run's first metrics line (the step-0 evaluation).
+_STUCK_AND_TAKEN_OVER = """
+import json, sys, time
+from mpx import cli, report
+from mpx.sweep import lock
+lock._LocalLock.beat = lambda self, mine: time.sleep(3600)
+write = report.MetricsWriter.write
+def write_then_lose(self, records):
+  write(self, records)
+  path = sys.argv[1] + "/" + lock.LOCK_FILE
+  held = json.loads(open(path).read()) | {"token": "theirs", "host": "elsewhere"}
+  open(path, "w").write(json.dumps(held))
+report.MetricsWriter.write = write_then_lose
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def test_a_holder_whose_heartbeat_hangs_writes_nothing_once_taken_over(tmp_path):
+  """The fence: before each checkpoint save, metrics append and the summary, the run reads
+  its lock. Taken over while its heartbeat hangs, it stops with 75 before its next write:
+  metrics.jsonl keeps the lines written before the takeover, no checkpoint is saved, and
+  the other writer's lock stays. (Without the fence only the heartbeat would notice.)"""
+  out = tmp_path / "run"
+  done = subprocess.run([sys.executable, "-c", _STUCK_AND_TAKEN_OVER, str(out),
+                         *ra._argv(out)], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, env=os.environ | ra._CACHE)
+  assert done.returncode == lock.EXIT_CODE, done.stderr[-3000:]
+  assert "lost the lock" in done.stderr and "now holds" in done.stderr
+  steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert steps and set(steps) == {0}, steps  # The first group's step-0 records only.
+  assert not list((out / "checkpoints").glob("*/[0-9]*")), "a checkpoint after the takeover"
+  assert json.loads((out / lock.LOCK_FILE).read_text())["token"] == "theirs"
+
+
 def test_a_forked_child_does_not_keep_the_lock_of_its_dead_parent(tmp_path):
   """A data loader's forked worker holds a copy of every open file; the lock's is closed in
   it, so the lock of a parent that died is free while the worker lingers."""

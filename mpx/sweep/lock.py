@@ -299,9 +299,13 @@ class _LocalLock:
       return holder(held) if held else "another record"
     return None
 
-  def beat(self, mine: dict) -> None:
+  def check(self, mine: dict) -> None:
+    """Raises `Lost` where the lock file is not ours any more."""
     if (other := self._taken_by(mine)) is not None:
       raise Lost(f"{self.path} now holds {other}")
+
+  def beat(self, mine: dict) -> None:
+    self.check(mine)
     self.write(mine)
 
   def release(self, mine: dict) -> None:
@@ -394,6 +398,16 @@ class _BucketLock:
                    f"{holder(held) if held else 'another record'}") from None
       self.generation = generation  # Our write, whose reply was lost and retried.
 
+  def check(self, mine: dict) -> None:
+    """Raises `Lost` where the lock object is not ours any more (read from the bucket)."""
+    try:
+      held, _ = self._download()
+    except FileNotFoundError:
+      raise Lost(f"{self.where}/{LOCK_FILE} was removed") from None
+    if held.get("token") != mine["token"]:
+      raise Lost(f"{self.where}/{LOCK_FILE} now holds "
+                 f"{holder(held) if held else 'another record'}")
+
   def release(self, mine: dict) -> None:
     del mine
     with contextlib.suppress(FileNotFoundError, FileExistsError):
@@ -449,11 +463,31 @@ class Hold:
                 "trying again", file=sys.stderr, flush=True)
         failing = True
 
+  def lost(self) -> str | None:
+    """Why the lock is not this run's any more (another writer took it over: its
+    heartbeat was stuck, its process suspended, a clock elsewhere ran ahead), or None:
+    read now from the lock file or object, not from the last heartbeat."""
+    try:
+      self._lock.check(self.mine)
+    except Lost as e:
+      return str(e)
+    return None
+
+  def fence(self, why: str | None = None) -> None:
+    """Before a write into the folder: a run whose lock was taken over (`lost()`, or
+    `why` where the caller asked already) stops here (`on_lost`: exit 75), before it
+    writes beside the new holder, not at its next heartbeat."""
+    why = why or self.lost()
+    if why is not None:
+      self.on_lost(self.where, why)
+      raise Lost(why)
+
   def release(self) -> None:
     """Stops the heartbeat and removes the lock; one that cannot be removed (a bucket out
-    of reach) is left to go stale, without failing the run that ends here."""
+    of reach) is left to go stale, without failing the run that ends here. A heartbeat
+    stuck in a storage call is not waited for past one interval (it is a daemon)."""
     self._stop.set()
-    self._thread.join()
+    self._thread.join(timeout=self.mine["heartbeat_every"])
     try:
       self._lock.release(self.mine)
     except Exception as e:

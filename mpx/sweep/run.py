@@ -76,6 +76,24 @@ class _NullWriter:
     return None
 
 
+class _Fenced:
+  """A metrics writer whose every write is preceded by `fence()` (the lock still ours)."""
+
+  def __init__(self, writer, fence: Callable[[], None]):
+    self.writer, self.fence = writer, fence
+
+  def write(self, records) -> None:
+    self.fence()
+    self.writer.write(records)
+
+  def __enter__(self):
+    self.writer.__enter__()
+    return self
+
+  def __exit__(self, *exc):
+    return self.writer.__exit__(*exc)
+
+
 class _NullStream:
   """Where the progress of processes other than 0 goes."""
 
@@ -715,7 +733,7 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   # All processes check (each must refuse alike); process 0 alone writes, then all wait.
   if not url:
     _check_run_dir(run_dir)
-  hold(lock_lib.job_lock(out, command))  # One writer per folder, before it is read.
+  lock = hold(lock_lib.job_lock(out, command))  # One writer per folder, before it is read.
   primary = distributed.is_primary()
   flag = "--resume" if resume is True else f"--resume={RESUME_AUTO}"
   if resume == RESUME_AUTO:  # The same run resumes; a folder without progress starts.
@@ -751,8 +769,18 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
     for _, (variant, *_) in variants:
       experiment.save_run_files(variant, run_dir)
   final = []
-  writer = report.MetricsWriter(run_dir, keep=keep) if primary else _NullWriter()
+  fence = lock.fence if lock is not None else lambda: None  # Process 0's writes.
+  writer = _Fenced(report.MetricsWriter(run_dir, keep=keep), fence) if primary else _NullWriter()
   push = (lambda: run_folder.push(run_dir, out)) if primary else (lambda: None)
+
+  def before_save():  # Every process: a checkpoint is written by all of them together.
+    why = lock.lost() if lock is not None else None
+    if distributed.any_process(why is not None):
+      if lock is not None:
+        lock.fence(why or "another process's lock was taken over")
+      raise lock_lib.Lost(why or "process 0's lock was taken over")
+    push()
+
   dirs = {"run_dir": out if url else str(run_dir), "local_dir": str(run_dir)}
   stopped = lambda: _stopped(checkpoints, groups, resume_arg)
   with writer, _StopFlag(stopped) as sigterm:
@@ -761,7 +789,8 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
       # this group's init (a stage 2 reads stage 1's graphs), compile and first chunk.
       _stop_if_signalled(sigterm, group, 0)
       final += train_group(group, cfg, checkpoints, writer=writer, saved_config=saved_config,
-                           resume=resume, sigterm=sigterm, mesh=mesh, before_save=push)
+                           resume=resume, sigterm=sigterm, mesh=mesh,
+                           before_save=before_save)
   if not primary:
     return dirs
   reported = tuple(experiment.METRICS) + PERSISTENCE_METRICS
@@ -786,6 +815,7 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   if FINGERPRINT in saved_config:  # What the run trained on (config.json holds it too).
     extra["Data (fingerprint, compared on --resume)"] = (
         "```json\n" + json.dumps(saved_config[FINGERPRINT], indent=1) + "\n```")
+  fence()
   summary = report.write_summary(
       run_dir, experiment=experiment.NAME, preset=preset, members=members,
       paper=experiment.PAPER, metric_names=list(experiment.METRICS),
