@@ -622,19 +622,31 @@ def check_intact(directory: str | os.PathLike, step: int, *, verify: bool = True
   """Reads finalised checkpoint `step` whole (its config and every array, onto the host,
   as the checkpoint stores them) and returns its config: a step that does not restore
   completely raises DamagedCheckpoint before anything depends on it. With `verify`, its
-  sums are checked first (`verify_sums`; False: the caller did). Read-only."""
+  sums are checked first (`verify_sums`; False: the caller did). Read-only, and through
+  Orbax's item handlers rather than a manager, which would wait for the other processes
+  at its barriers: one process reads alone and decides for all."""
   directory = _absolute(directory)
   if verify:
     verify_sums(directory, step)
-  manager = _manager(directory, read_only=True)
-  try:
-    stored = _state_metadata(manager, directory, step)
+  step_dir = epath.Path(directory) / str(step)
+  state, config = SummedStandardHandler(), SummedJsonHandler()
+
+  def read() -> dict:
+    for item in (_STATE, _CONFIG):
+      if not (step_dir / item).is_dir():
+        raise KeyError(item)  # Sorted as "an item is missing", as Orbax's own.
+    stored = state.metadata(step_dir / _STATE)
+    if stored is None or not jax.tree_util.tree_leaves(stored):
+      raise DamagedCheckpoint(directory, step, f"its {_STATE} has no metadata (missing or "
+                              "unreadable _METADATA)")
     target = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), stored)
-    restored = _reading(directory, step, lambda: manager.restore(step, args=ocp.args.Composite(
-        **{_STATE: _StateRestore(target), _CONFIG: _ConfigRestore()})))
-    return dict(restored[_CONFIG])
+    state.restore(step_dir / _STATE, args=_StateRestore(target))
+    return dict(config.restore(step_dir / _CONFIG, args=_ConfigRestore()))
+  try:
+    return _reading(directory, step, read)
   finally:
-    manager.close()
+    state.close()
+    config.close()
 
 
 def set_aside(directory: str | os.PathLike, step: int) -> str:

@@ -177,7 +177,7 @@ DAMAGE = {
                        rf"state/d/[0-9a-f]+: {SUM} \(\d+ bytes expected, \d+ found\)",
                        "OUT_OF_RANGE"),
     "missing metadata": (lambda step: (step / "state" / "_METADATA").unlink(),
-                         "a file is missing: state/_METADATA", "its state has no metadata"),
+                         "a file is missing: state/_METADATA", "_METADATA"),
     "undecodable config": (lambda step: _flip_middle(step / "config" / "metadata"),
                            f"config/metadata: {SUM}",
                            "Error"),  # UnicodeDecodeError or JSONDecodeError.

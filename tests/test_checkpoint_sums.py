@@ -161,3 +161,56 @@ def test_flipped_bytes_anywhere_in_a_checkpoint_never_reach_a_restore(written, t
         reached.append(f"{rel} ({where}): {type(e).__name__}")
       shutil.rmtree(directory)
   assert not reached, f"flipped bytes that check_intact let through: {reached}"
+
+
+# --- many processes: one decision ------------------------------------------------------------
+
+_PROCESS = """
+import json, sys
+from etils import epath
+from mpx.sweep import distributed
+distributed.initialize()
+import jax
+from mpx import checkpoint
+from mpx.sweep import run
+root, config = sys.argv[1], json.loads(sys.argv[2])
+if jax.process_index() == 1:  # Process 0 reads and decides: process 1 reads nothing.
+  def unread(directory, step, **kwargs):
+    raise checkpoint.DamagedCheckpoint(directory, step, "process 1 read it")
+  checkpoint.verify_sums = checkpoint.check_intact = unread
+steps, damaged, unsummed = run._intact_steps(epath.Path(root), config)
+print("VERDICT", json.dumps([steps, [[d.step, d.cause] for d in damaged], unsummed]))
+"""
+
+
+@pytest.mark.slow
+def test_process_0_decides_for_every_process(written, tmp_path):
+  """Two processes resuming one folder: process 0 alone verifies the sums and reads the
+  state (which waits for no other process), and its verdict is both processes': step 2
+  damaged, step 1 intact."""
+  import os
+  import socket
+  import subprocess
+  import sys
+  root = tmp_path / "checkpoints"
+  shutil.copytree(written, root / "group")
+  _flip(_array_data(root / "group" / "2"))
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("MPX_", "SLURM_"))}
+  env |= {"JAX_PLATFORMS": "cpu", "MPX_COORDINATOR": f"localhost:{port}",
+          "MPX_NUM_PROCESSES": "2", "MPX_CPU_DEFAULTS": "0"}
+  procs = [subprocess.Popen([sys.executable, "-c", _PROCESS, str(root), json.dumps(CONFIG)],
+                            env=env | {"MPX_PROCESS_ID": str(i)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  outputs = [p.communicate(timeout=120)[0] for p in procs]
+  verdicts = []
+  for p, output in zip(procs, outputs):
+    assert p.returncode == 0, output[-3000:]
+    verdicts.append(json.loads(output.split("VERDICT ", 1)[1].splitlines()[0]))
+  steps, damaged, unsummed = verdicts[0]
+  assert verdicts[1] == verdicts[0]
+  assert steps == {"group": 1} and unsummed == []
+  assert [step for step, _ in damaged] == [2]
+  assert "sha256" in damaged[0][1] and "expected" in damaged[0][1]
