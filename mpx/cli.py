@@ -145,6 +145,9 @@ def _run_reporting_storage_faults(args) -> int:
     try:
       return _run_command(args)
     except OSError as e:
+      if (broken := _half_installed(e)) is not None:  # Outside the run folder: exit 2.
+        print(f"mpx run: error: {broken}", file=sys.stderr)
+        return run_lib.ERROR_EXIT_CODE
       line = storage.fault_line(e, errors, run_lib.again(args.resume))
       if line is None:
         raise
@@ -420,6 +423,37 @@ def make_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _half_installed(e: BaseException) -> str | None:
+  """One line naming the import that failed and the package to reinstall, where `e` was
+  raised while another package's module ran its import (an ImportError, or the OSError of
+  a shared library that ctypes cannot open, as a half-installed torch raises): an error
+  outside the run folder, which must not read as a storage fault of it. None where no
+  installed package's import raised it (mpx's own errors keep their meaning)."""
+  import importlib.metadata
+  try:
+    distributions = importlib.metadata.packages_distributions()
+  except Exception:  # Unreadable metadata: the installed folders still tell.
+    distributions = {}
+  modules = []  # The installed packages' modules being imported, outermost first.
+  traceback = e.__traceback__
+  while traceback is not None:
+    frame = traceback.tb_frame
+    name, file = frame.f_globals.get("__name__", ""), frame.f_code.co_filename
+    installed = (name.partition(".")[0] in distributions
+                 or {"site-packages", "dist-packages"} & set(pathlib.Path(file).parts))
+    if frame.f_code.co_name == "<module>" and installed and not name.startswith("mpx"):
+      modules.append(name)
+    traceback = traceback.tb_next
+  if not modules:
+    return None
+  package = modules[-1].partition(".")[0]
+  distribution = distributions.get(package, [package])[0]
+  what = " ".join(f"{type(e).__name__}: {e}".split())
+  return (f"importing {modules[0].partition('.')[0]} failed in {package}, which is "
+          f"half-installed ({what}): reinstall it (pip install --force-reinstall "
+          f"{distribution})")
+
+
 def _missing_dependency(e: ImportError) -> str | None:
   """One line naming the install for an optional dependency that is missing; None for
   any other ImportError (a bug in mpx keeps its traceback)."""
@@ -449,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return args.func(args)
   except ImportError as e:
-    line = _missing_dependency(e)
+    line = _half_installed(e) or _missing_dependency(e)
     if line is None:
       raise
     parser.exit(2, f"mpx {args.command}: error: {line}\n")

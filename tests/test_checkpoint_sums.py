@@ -163,6 +163,25 @@ def test_flipped_bytes_anywhere_in_a_checkpoint_never_reach_a_restore(written, t
   assert not reached, f"flipped bytes that check_intact let through: {reached}"
 
 
+def test_sums_in_a_bucket_cover_every_file(bucket):
+  """In a gs:// folder (the GCS emulator, written through tensorstore and gcsfs) the sums
+  list every object of each item, as the bucket lists them, and verify."""
+  import gcsfs
+  from etils import epath
+  directory = f"{bucket}/sums/ckpt"
+  with checkpoint.Checkpointer(directory) as ckpt:
+    ckpt.save(1, make_state(1), CONFIG)
+  fs = gcsfs.GCSFileSystem()
+  fs.invalidate_cache()
+  for item in ("state", "config"):
+    prefix = f"{directory.removeprefix('gs://')}/1/{item}/"
+    objects = {path.removeprefix(prefix) for path in fs.find(prefix)}
+    sums = json.loads((epath.Path(directory) / "1" / item / checkpoint.SUMS_FILE).read_text())
+    assert set(sums["files"]) == objects - {checkpoint.SUMS_FILE, "commit_success.txt"}
+    assert any(name.startswith("ocdbt.process_0/d/") for name in sums["files"]) or item == "config"
+  assert checkpoint.verify_sums(directory, 1) is True
+
+
 # --- many processes: one decision ------------------------------------------------------------
 
 _PROCESS = """

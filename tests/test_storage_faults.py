@@ -336,3 +336,53 @@ def test_background_errors_go_to_the_log_that_one_line_names(tmp_path, capfd):
   assert capfd.readouterr().err == ""
   assert log.read_text().count("Traceback") == 7  # Appended, the late one too.
   assert storage.fault_line(ValueError("a bad config"), errors, "x") is None
+
+
+# --- what is no storage fault: a half-installed package -------------------------------------
+
+def test_a_half_installed_package_is_named_not_a_storage_fault(tmp_path, monkeypatch, capsys):
+  """A package whose shared library is missing (as a half-installed torch, which
+  tensorboardX imports, raises an OSError from ctypes) ends the run with one line naming
+  the failing import and the package to reinstall, exit status 2: not a storage fault of
+  the run folder (exit 4)."""
+  site = tmp_path / "site-packages"
+  (site / "torch").mkdir(parents=True)
+  (site / "torch" / "__init__.py").write_text(
+      "import ctypes\n"
+      f"ctypes.CDLL({str(site / 'torch' / 'lib' / 'libtorch_global_deps.so')!r})\n")
+  (site / "tensorboardX").mkdir()
+  (site / "tensorboardX" / "__init__.py").write_text(
+      "try:\n  import torch\nexcept ImportError:\n  pass\n"
+      "class SummaryWriter:\n  pass\n")
+  monkeypatch.syspath_prepend(str(site))
+  for name in [m for m in sys.modules if m.split(".")[0] in ("torch", "tensorboardX")]:
+    monkeypatch.delitem(sys.modules, name)
+  out = tmp_path / "run"
+  assert cli.main(_argv(out)) == run.ERROR_EXIT_CODE == 2
+  err = capsys.readouterr().err
+  last = err.splitlines()[-1]
+  assert last == (
+      f"mpx run: error: importing tensorboardX failed in torch, which is half-installed "
+      f"(OSError: {site}/torch/lib/libtorch_global_deps.so: cannot open shared object file: "
+      "No such file or directory): reinstall it (pip install --force-reinstall torch)"), err
+  assert "storage fault" not in err and "Traceback" not in err
+
+
+def test_a_half_installed_package_s_import_error_is_named(tmp_path, monkeypatch):
+  """An ImportError raised inside an installed package's own import (its compiled part
+  missing) names that package to reinstall; one raised by mpx's own import of a package
+  that is not installed at all is no half-installed package (`mpx[...]` names it)."""
+  site = tmp_path / "dist-packages"
+  (site / "tokenizers").mkdir(parents=True)
+  (site / "tokenizers" / "__init__.py").write_text("from .tokenizers import Tokenizer\n")
+  monkeypatch.syspath_prepend(str(site))
+  monkeypatch.delitem(sys.modules, "tokenizers", raising=False)
+  with pytest.raises(ImportError) as info:
+    import tokenizers  # noqa: F401
+  assert cli._half_installed(info.value) == (
+      "importing tokenizers failed in tokenizers, which is half-installed "
+      "(ModuleNotFoundError: No module named 'tokenizers.tokenizers'): reinstall it (pip "
+      "install --force-reinstall tokenizers)")
+  with pytest.raises(ImportError) as info:
+    import mpx_package_that_is_not_installed  # noqa: F401
+  assert cli._half_installed(info.value) is None
