@@ -80,6 +80,12 @@ def _set_aside_line(err: str, out, group: str, step: int, resumed: int,
   return moved
 
 
+def _event_files(out) -> list[str]:
+  """The TensorBoard event files of a run folder, local or gs://."""
+  folder = epath.Path(out) / "tensorboard"
+  return sorted(p.name for p in folder.iterdir() if p.name.startswith("events.out.tfevents."))
+
+
 @pytest.mark.parametrize("folder", [INDEX, ARRAY_DATA])
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_equal(reference,
                                                                          tmp_path, capsys,
@@ -97,6 +103,8 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_equal(referen
   assert "checksums" not in err  # Every step has its sums: nothing said about them.
   assert checkpoint.all_steps(out / "checkpoints" / "toy_b") == [4, 8]  # 8 trained again.
   _assert_same_run(reference, out)
+  # The earlier run's event file is replaced by the resumed run's, as in a bucket (below).
+  assert len(_event_files(out)) == 1 and _event_files(out) != _event_files(reference)
 
 
 def test_checkpoints_without_sums_resume_and_say_so_once(reference, tmp_path, capsys):
@@ -235,6 +243,8 @@ def test_a_damaged_newest_checkpoint_in_a_bucket_is_set_aside(reference, bucket,
   assert cli.main(_argv(out)) == 0
   _set_aside_line(capsys.readouterr().err, out, "toy_b", 8, 4, damaged)
   _assert_same_run(reference, out)
+  # The bucket keeps the resumed run's event file only, as a local folder does (above).
+  assert len(_event_files(out)) == 1 and _event_files(out) != _event_files(reference)
 
 
 @contextlib.contextmanager
