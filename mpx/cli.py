@@ -333,14 +333,16 @@ exit status:
   0    done: the summary is written (a finished run given again only rewrites it)
   1    failed: an unexpected error (traceback above)
   2    error: a bad command line, a config refused when built or traced, or an optional
-       dependency missing (one line naming its install); nothing was written
+       dependency missing (one line naming its install) or half-installed (one line
+       naming the import that failed and the package to reinstall); nothing was written,
+       but for a package that broke during the run (reinstall it, run the same command)
   3    refused: the run directory holds another run (another config, or progress a fresh
        start would overwrite), or --resume found nothing to continue; nothing was written
   4    storage: a full disk, a denied permission, a bucket refusing a write, or a group
        none of whose checkpoints restores (one line: the path, the cause, the log of the
        libraries' thread errors); fix it, then run the same command again. A damaged
-       newest checkpoint alone is no fault: it is set aside, the run resumes from the
-       newest one that restores
+       newest checkpoint alone (its sums differ, or it does not restore) is no fault: it
+       is set aside, the run resumes from the newest one that verifies
   75   locked: another process is writing the run directory (its host, pid, start and
        command are named); nothing was read or written. Run the same command once it has
        ended (a lock whose process died is taken over: see docs/sweeps.md). Also a run

@@ -42,7 +42,8 @@ from mpx.sweep import stages
 from mpx.sweep import storage
 
 # `mpx run`'s exit codes: 0 done; 1 failed (an unexpected error: a traceback); 2 error
-# (a bad command line, or a config refused when it is built or traced: a one-line message);
+# (a bad command line, a config refused when it is built or traced, or a package missing or
+# half-installed: a one-line message);
 # 3 refused (the run folder holds another run, or --resume found nothing to continue:
 # nothing was written); 143 preempted (SIGTERM: the state is checkpointed, run the same
 # command again); 130 interrupted (Ctrl-C, saved as for SIGTERM; a second Ctrl-C stops at
