@@ -140,6 +140,13 @@ def _damage_cause(error: BaseException) -> str | None:
     return storage_cause(error)
   if _status(error) in _DAMAGE_STATUS or "[os_error_code='5']" in str(error):
     return storage_cause(error)
+  if isinstance(error, ValueError) and "Error decoding" in str(error):
+    # tensorstore's decoding of a damaged b-tree node or manifest, without a status code
+    # (where zstd rejects the bytes before the node's CRC-32C is checked).
+    message = _PAYLOAD.sub("", str(error))
+    files = re.findall(r'"([^"]+)"', message)
+    detail = message[message.index("Error decoding"):]
+    return detail + (f" in {files[-1]}" if files else "")
   return None
 
 
@@ -591,7 +598,8 @@ def verify_sums(directory: str | os.PathLike, step: int) -> bool:
   True where all match, False where the step has no sums (written before they existed:
   nothing to check, not damage). A changed, missing or unreadable file, or a sum file
   missing from one item while another has its own, raises DamagedCheckpoint naming the
-  file and, for a changed one, both sums. Read-only; reads every byte of the step."""
+  file and, for a changed one, both sums. A file added since is not read (a restore reads
+  only what was written). Read-only; reads every byte of the step."""
   directory = _absolute(directory)
   step_dir = epath.Path(directory) / str(step)
 

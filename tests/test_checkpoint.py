@@ -166,12 +166,20 @@ def _flip_middle(path: pathlib.Path) -> None:
   path.write_bytes(bytes(data))
 
 
+def _flip_end(path: pathlib.Path) -> None:
+  data = bytearray(path.read_bytes())
+  data[-16:] = bytes(b ^ 0xFF for b in data[-16:])
+  path.write_bytes(bytes(data))
+
+
 # Damage a finalised step may come with, and (a word of) the cause it is reported with:
 # by its sums (`check_intact`), and by Orbax's own reading (`restore`, which trusts them).
 SUM = r"sha256 [0-9a-f]{64} expected, [0-9a-f]{64} found"
 DAMAGE = {
     "flipped data": (lambda step: [_flip_middle(p) for p in (step / "state" / "d").iterdir()],
                      rf"state/d/[0-9a-f]+: {SUM}$", "CRC-32C checksum verification failed"),
+    "index end flipped": (lambda step: [_flip_end(p) for p in (step / "state" / "d").iterdir()],
+                          rf"state/d/[0-9a-f]+: {SUM}$", "Error decoding .* in state/d/"),
     "truncated data": (lambda step: [p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2])
                                      for p in (step / "state" / "d").iterdir()],
                        rf"state/d/[0-9a-f]+: {SUM} \(\d+ bytes expected, \d+ found\)",
