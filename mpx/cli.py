@@ -430,8 +430,12 @@ def _half_installed(e: BaseException) -> str | None:
   raised while another package's module ran its import (an ImportError, or the OSError of
   a shared library that ctypes cannot open, as a half-installed torch raises): an error
   outside the run folder, which must not read as a storage fault of it. None where no
-  installed package's import raised it (mpx's own errors keep their meaning)."""
+  installed package's import raised it (mpx's own errors keep their meaning), or where
+  the storage did (a full disk while a package writes its cache at import)."""
   import importlib.metadata
+  from mpx import checkpoint
+  if isinstance(e, OSError) and e.errno in checkpoint.STORAGE_ERRNOS:
+    return None
   try:
     distributions = importlib.metadata.packages_distributions()
   except Exception:  # Unreadable metadata: the installed folders still tell.

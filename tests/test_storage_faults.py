@@ -229,7 +229,7 @@ def test_a_disk_full_during_a_checkpoint_ends_in_one_line_then_the_run_ends_equa
 
 # --- a gs:// run folder -------------------------------------------------------------------
 
-@pytest.mark.parametrize("folder", [INDEX, ARRAY_DATA])
+@pytest.mark.parametrize("folder", [INDEX, pytest.param(ARRAY_DATA, marks=pytest.mark.slow)])
 def test_a_damaged_newest_checkpoint_in_a_bucket_is_set_aside(reference, bucket, capsys,
                                                               folder):
   """The same fallback in a gs:// run folder (a GCS emulator): found, said, renamed in
