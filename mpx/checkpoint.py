@@ -29,6 +29,11 @@ exceptions; a finalised checkpoint that does not restore completely (damaged, pa
 undecodable bytes) as a `DamagedCheckpoint` naming its step: `check_intact` finds one
 before a run resumes, `set_aside` moves it out of the steps Orbax lists, kept to inspect.
 
+Every byte of a checkpoint is summed (`SUMS_FILE`, see `_Summed`): Orbax's array data has
+no checksum of its own, so a flipped byte there restored other numbers without a word.
+`check_intact` verifies the sums before it reads the state; a step written before sums
+existed has none and still restores (`verify_sums` says so).
+
 A SIGTERM handler should set a flag that the training loop checks between chunks, not
 call `save` itself: a signal arriving during a save would otherwise start a second one.
 """
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -69,7 +75,8 @@ class DamagedCheckpoint(StorageError):
   """Finalised checkpoint `step` does not restore completely: damaged, partial or
   undecodable bytes (an older step may still restore)."""
 
-  def __init__(self, directory: str, step: int, cause: str):
+  def __init__(self, directory: str | os.PathLike, step: int, cause: str):
+    directory = _absolute(directory)
     path = os.path.join(directory, str(step))  # os.path.join keeps a gs:// URL whole.
     super().__init__(f"checkpoint step {step} in {directory} does not restore: {cause}",
                      path=path, cause=cause)
@@ -133,6 +140,13 @@ def _damage_cause(error: BaseException) -> str | None:
     return storage_cause(error)
   if _status(error) in _DAMAGE_STATUS or "[os_error_code='5']" in str(error):
     return storage_cause(error)
+  if isinstance(error, ValueError) and "Error decoding" in str(error):
+    # tensorstore's decoding of a damaged b-tree node or manifest, without a status code
+    # (where zstd rejects the bytes before the node's CRC-32C is checked).
+    message = _PAYLOAD.sub("", str(error))
+    files = re.findall(r'"([^"]+)"', message)
+    detail = message[message.index("Error decoding"):]
+    return detail + (f" in {files[-1]}" if files else "")
   return None
 
 
@@ -141,6 +155,8 @@ def _reading(directory: str, step: int, read: Callable[[], Any]) -> Any:
   or StorageError (the storage); any other error is raised as it is."""
   try:
     return read()
+  except StorageError:  # Sorted already (a sum that differs).
+    raise
   except Exception as error:  # Orbax and tensorstore raise many types: sorted here.
     damage = _damage_cause(error)
     if damage is not None:  # Its files named within the step's folder.
@@ -153,8 +169,109 @@ def _reading(directory: str, step: int, read: Callable[[], Any]) -> Any:
                        path=os.path.join(directory, str(step)), cause=cause) from error
 
 
+# --- sums over every file of a checkpoint ---------------------------------------------------
+
+SUMS_FILE = "mpx-sums.json"  # In each item's folder: the sums of the item's other files.
+_SUMS_FORMAT = 1
+_ALGORITHM = "sha256"
+# Orbax's own record that an item or a step was committed, written after `finalize`: it
+# holds no number and nothing a restore reads, so it is the one file left out of the sums.
+_COMMIT_FILE = "commit_success.txt"
+_BLOCK = 1 << 24  # Bytes hashed per read.
+
+
+def _file_sum(path: epath.Path) -> tuple[int, str]:
+  """(size, hex digest) of one file, read in blocks (a state may not fit twice in memory)."""
+  digest, size = hashlib.new(_ALGORITHM), 0
+  with path.open("rb") as f:
+    while block := f.read(_BLOCK):
+      digest.update(block)
+      size += len(block)
+  return size, digest.hexdigest()
+
+
+def _relative_files(folder: epath.Path) -> list[str]:
+  """The files under `folder`, as '/'-joined paths relative to it, sorted."""
+  found, todo = [], [(folder, "")]
+  while todo:
+    parent, prefix = todo.pop()
+    for child in parent.iterdir():
+      name = prefix + child.name
+      if child.is_dir():
+        todo.append((child, name + "/"))
+      else:
+        found.append(name)
+  return sorted(found)
+
+
+def _sums_digest(files: dict) -> str:
+  """The sum file's own sum, over its listing: a flip in a sum it holds is named as the
+  sum file's damage, not as the data file's."""
+  return hashlib.new(_ALGORITHM, json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def write_sums(item: epath.Path) -> None:
+  """Writes `item`/SUMS_FILE: the size and sum of every other file under the item folder."""
+  files = {rel: list(_file_sum(item / rel)) for rel in _relative_files(item)
+           if rel not in (SUMS_FILE, _COMMIT_FILE)}
+  (item / SUMS_FILE).write_text(json.dumps(
+      {"format": _SUMS_FORMAT, "algorithm": _ALGORITHM, "files": files,
+       "sum": _sums_digest(files)}, sort_keys=True))
+
+
+class _Summed:
+  """Mixin for an item's handler: `finalize` writes the item's sums once its files are
+  final. Orbax calls `finalize` (a public hook of every CheckpointHandler, on one process
+  after all have written) before it commits the item and the step, so a step without
+  its sums never counts as finished: a kill before the sums leaves a temporary folder,
+  which is never listed.
+
+  Why a manifest of sums, not tensorstore's `crc32c` codec: Orbax builds the array specs
+  itself and takes no codec for chunk data. Its zarr3 layout checksums only the shard
+  index (`index_codecs`), and its default, zarr2 with zstd, none at all; OCDBT checksums
+  its b-tree nodes and manifests but not the values. The JSON files (_METADATA, _sharding,
+  array_metadatas, the config) have no checksum either. The sums cover them all, on
+  every Orbax line, with the standard library's sha256."""
+
+  def finalize(self, directory: epath.Path) -> None:
+    super().finalize(directory)
+    write_sums(epath.Path(directory))
+
+
+class SummedStandardHandler(_Summed, ocp.StandardCheckpointHandler):
+  """The state's handler: Orbax's StandardCheckpointHandler, and the item's sums. Its
+  name is recorded in each step's metadata: plain Orbax restores the step with
+  `ocp.args.StandardRestore`."""
+
+
+class SummedJsonHandler(_Summed, ocp.JsonCheckpointHandler):
+  """The config's handler: Orbax's JsonCheckpointHandler, and the item's sums."""
+
+
+# Orbax finds an item's handler by the type of its args (`register_with_handler`): these
+# are Orbax's own, bound to the handlers above.
+@ocp.args.register_with_handler(SummedStandardHandler, for_save=True)
+class _StateSave(ocp.args.StandardSave):
+  pass
+
+
+@ocp.args.register_with_handler(SummedStandardHandler, for_restore=True)
+class _StateRestore(ocp.args.StandardRestore):
+  pass
+
+
+@ocp.args.register_with_handler(SummedJsonHandler, for_save=True)
+class _ConfigSave(ocp.args.JsonSave):
+  pass
+
+
+@ocp.args.register_with_handler(SummedJsonHandler, for_restore=True)
+class _ConfigRestore(ocp.args.JsonRestore):
+  pass
+
+
 def _item_handlers() -> dict[str, Any]:
-  return {_STATE: ocp.StandardCheckpointHandler(), _CONFIG: ocp.JsonCheckpointHandler()}
+  return {_STATE: SummedStandardHandler(), _CONFIG: SummedJsonHandler()}
 
 
 def _retention(max_to_keep: int | None) -> dict[str, Any]:
@@ -320,7 +437,7 @@ class Checkpointer:
     state = jax.tree.map(_for_orbax, state)
     try:
       self._manager.save(step, args=ocp.args.Composite(
-          **{_STATE: ocp.args.StandardSave(state), _CONFIG: ocp.args.JsonSave(config)}),
+          **{_STATE: _StateSave(state), _CONFIG: _ConfigSave(config)}),
                          force=True)
       self._manager.wait_until_finished()
     except Exception as error:  # Orbax and tensorstore raise many types: sorted here.
@@ -358,8 +475,8 @@ class Checkpointer:
                               where)
     restored = _reading(self.directory, step, lambda: self._manager.restore(
         step, args=ocp.args.Composite(
-            **{_STATE: ocp.args.StandardRestore(jax.tree.map(_restore_target, target)),
-               _CONFIG: ocp.args.JsonRestore()})))
+            **{_STATE: _StateRestore(jax.tree.map(_restore_target, target)),
+               _CONFIG: _ConfigRestore()})))
     # Rebuild on the target's own treedef, matching leaves by path, so the result has the
     # target's containers (NamedTuples, optax states, flax structs) whatever Orbax returns.
     by_path = {_path_names(path): leaf for path, leaf
@@ -456,20 +573,88 @@ def _state_metadata(manager: ocp.CheckpointManager, directory: str, step: int) -
   return stored
 
 
-def check_intact(directory: str | os.PathLike, step: int) -> dict:
+def _read_sums(directory: str, step: int, item: str, path: epath.Path) -> dict[str, list]:
+  """The listing of an item's sum file; one that is not what `write_sums` wrote is damage."""
+  def damaged(why: str) -> DamagedCheckpoint:
+    return DamagedCheckpoint(directory, step, f"{item}/{SUMS_FILE} is damaged ({why})")
+  try:
+    sums = json.loads(path.read_bytes().decode())
+  except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    raise damaged(f"{type(error).__name__}: {error}") from None
+  files = sums.get("files") if isinstance(sums, dict) else None
+  if (not isinstance(files, dict) or sums.get("format") != _SUMS_FORMAT
+      or sums.get("algorithm") != _ALGORITHM):
+    raise damaged("not a sum file of this format")
+  if sums.get("sum") != _sums_digest(files):
+    raise damaged("its own sum differs")
+  if not all(isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)
+             and isinstance(v[1], str) for v in files.values()):
+    raise damaged("not a sum file of this format")
+  return files
+
+
+def verify_sums(directory: str | os.PathLike, step: int) -> bool:
+  """Checks every file of finalised checkpoint `step` against the sums written with it:
+  True where all match, False where the step has no sums (written before they existed:
+  nothing to check, not damage). A changed, missing or unreadable file, or a sum file
+  missing from one item while another has its own, raises DamagedCheckpoint naming the
+  file and, for a changed one, both sums. A file added since is not read (a restore reads
+  only what was written). Read-only; reads every byte of the step."""
+  directory = _absolute(directory)
+  step_dir = epath.Path(directory) / str(step)
+
+  def check() -> bool:
+    items = {item: step_dir / item for item in (_STATE, _CONFIG)}
+    for item, folder in items.items():
+      if not folder.is_dir():
+        raise DamagedCheckpoint(directory, step, f"an item is missing: {item}")
+    summed = {item: (folder / SUMS_FILE).exists() for item, folder in items.items()}
+    if not any(summed.values()):
+      return False
+    for item, folder in items.items():
+      if not summed[item]:
+        raise DamagedCheckpoint(directory, step, f"{item}/{SUMS_FILE} is missing")
+      for rel, (size, expected) in _read_sums(directory, step, item,
+                                              folder / SUMS_FILE).items():
+        found_size, found = _file_sum(folder / rel)
+        if (found_size, found) != (size, expected):
+          raise DamagedCheckpoint(directory, step, (
+              f"{item}/{rel}: {_ALGORITHM} {expected} expected, {found} found"
+              + (f" ({size} bytes expected, {found_size} found)" if found_size != size
+                 else "")))
+    return True
+  return _reading(directory, step, check)
+
+
+def check_intact(directory: str | os.PathLike, step: int, *, verify: bool = True) -> dict:
   """Reads finalised checkpoint `step` whole (its config and every array, onto the host,
   as the checkpoint stores them) and returns its config: a step that does not restore
-  completely raises DamagedCheckpoint before anything depends on it. Read-only."""
+  completely raises DamagedCheckpoint before anything depends on it. With `verify`, its
+  sums are checked first (`verify_sums`; False: the caller did). Read-only, and through
+  Orbax's item handlers rather than a manager, which would wait for the other processes
+  at its barriers: one process reads alone and decides for all."""
   directory = _absolute(directory)
-  manager = _manager(directory, read_only=True)
-  try:
-    stored = _state_metadata(manager, directory, step)
+  if verify:
+    verify_sums(directory, step)
+  step_dir = epath.Path(directory) / str(step)
+  state, config = SummedStandardHandler(), SummedJsonHandler()
+
+  def read() -> dict:
+    for item in (_STATE, _CONFIG):
+      if not (step_dir / item).is_dir():
+        raise KeyError(item)  # Sorted as "an item is missing", as Orbax's own.
+    stored = state.metadata(step_dir / _STATE)
+    if stored is None or not jax.tree_util.tree_leaves(stored):
+      raise DamagedCheckpoint(directory, step, f"its {_STATE} has no metadata (missing or "
+                              "unreadable _METADATA)")
     target = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), stored)
-    restored = _reading(directory, step, lambda: manager.restore(step, args=ocp.args.Composite(
-        **{_STATE: ocp.args.StandardRestore(target), _CONFIG: ocp.args.JsonRestore()})))
-    return dict(restored[_CONFIG])
+    state.restore(step_dir / _STATE, args=_StateRestore(target))
+    return dict(config.restore(step_dir / _CONFIG, args=_ConfigRestore()))
+  try:
+    return _reading(directory, step, read)
   finally:
-    manager.close()
+    state.close()
+    config.close()
 
 
 def set_aside(directory: str | os.PathLike, step: int) -> str:
@@ -502,7 +687,7 @@ def restore_config(directory: str | os.PathLike, step: int | None = None) -> dic
       raise FileNotFoundError(
           f"No checkpoint for step {step} in {directory}; it holds steps {steps}.")
     restored = _reading(directory, step, lambda: manager.restore(
-        step, args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()})))
+        step, args=ocp.args.Composite(**{_CONFIG: _ConfigRestore()})))
     return dict(restored[_CONFIG])
   finally:
     manager.close()

@@ -176,6 +176,9 @@ def _run_reporting_storage_faults(args) -> int:
     try:
       return _run_command(args)
     except OSError as e:
+      if (broken := _half_installed(e)) is not None:  # Outside the run folder: exit 2.
+        print(f"mpx run: error: {broken}", file=sys.stderr)
+        return run_lib.ERROR_EXIT_CODE
       line = storage.fault_line(e, errors, run_lib.again(args.resume))
       if line is None:
         raise
@@ -361,14 +364,16 @@ exit status:
   0    done: the summary is written (a finished run given again only rewrites it)
   1    failed: an unexpected error (traceback above)
   2    error: a bad command line, a config refused when built or traced, or an optional
-       dependency missing (one line naming its install); nothing was written
+       dependency missing (one line naming its install) or half-installed (one line
+       naming the import that failed and the package to reinstall); nothing was written,
+       but for a package that broke during the run (reinstall it, run the same command)
   3    refused: the run directory holds another run (another config, or progress a fresh
        start would overwrite), or --resume found nothing to continue; nothing was written
   4    storage: a full disk, a denied permission, a bucket refusing a write, or a group
        none of whose checkpoints restores (one line: the path, the cause, the log of the
        libraries' thread errors); fix it, then run the same command again. A damaged
-       newest checkpoint alone is no fault: it is set aside, the run resumes from the
-       newest one that restores
+       newest checkpoint alone (its sums differ, or it does not restore) is no fault: it
+       is set aside, the run resumes from the newest one that verifies
   75   locked: another process is writing the run directory (its host, pid, start and
        command are named); nothing was read or written. Run the same command once it has
        ended (a lock whose process died is taken over: see docs/sweeps.md). Also a run
@@ -475,6 +480,41 @@ def make_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _half_installed(e: BaseException) -> str | None:
+  """One line naming the import that failed and the package to reinstall, where `e` was
+  raised while another package's module ran its import (an ImportError, or the OSError of
+  a shared library that ctypes cannot open, as a half-installed torch raises): an error
+  outside the run folder, which must not read as a storage fault of it. None where no
+  installed package's import raised it (mpx's own errors keep their meaning), or where
+  the storage did (a full disk while a package writes its cache at import)."""
+  import importlib.metadata
+  from mpx import checkpoint
+  if isinstance(e, OSError) and e.errno in checkpoint.STORAGE_ERRNOS:
+    return None
+  try:
+    distributions = importlib.metadata.packages_distributions()
+  except Exception:  # Unreadable metadata: the installed folders still tell.
+    distributions = {}
+  modules = []  # The installed packages' modules being imported, outermost first.
+  traceback = e.__traceback__
+  while traceback is not None:
+    frame = traceback.tb_frame
+    name, file = frame.f_globals.get("__name__", ""), frame.f_code.co_filename
+    installed = (name.partition(".")[0] in distributions
+                 or {"site-packages", "dist-packages"} & set(pathlib.Path(file).parts))
+    if frame.f_code.co_name == "<module>" and installed and not name.startswith("mpx"):
+      modules.append(name)
+    traceback = traceback.tb_next
+  if not modules:
+    return None
+  package = modules[-1].partition(".")[0]
+  distribution = distributions.get(package, [package])[0]
+  what = " ".join(f"{type(e).__name__}: {e}".split())
+  return (f"importing {modules[0].partition('.')[0]} failed in {package}, which is "
+          f"half-installed ({what}): reinstall it (pip install --force-reinstall "
+          f"{distribution})")
+
+
 def _missing_dependency(e: ImportError) -> str | None:
   """One line naming the install for an optional dependency that is missing; None for
   any other ImportError (a bug in mpx keeps its traceback)."""
@@ -508,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return args.func(args)
   except ImportError as e:
-    line = _missing_dependency(e)
+    line = _half_installed(e) or _missing_dependency(e)
     if line is None:
       raise
     parser.exit(2, f"mpx {args.command}: error: {line}\n")

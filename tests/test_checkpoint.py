@@ -166,40 +166,56 @@ def _flip_middle(path: pathlib.Path) -> None:
   path.write_bytes(bytes(data))
 
 
-# Damage a finalised step may come with, and (a word of) the cause it is reported with.
+def _flip_end(path: pathlib.Path) -> None:
+  data = bytearray(path.read_bytes())
+  data[-16:] = bytes(b ^ 0xFF for b in data[-16:])
+  path.write_bytes(bytes(data))
+
+
+# Damage a finalised step may come with, and (a word of) the cause it is reported with:
+# by its sums (`check_intact`), and by Orbax's own reading (`restore`, which trusts them).
+SUM = r"sha256 [0-9a-f]{64} expected, [0-9a-f]{64} found"
 DAMAGE = {
     "flipped data": (lambda step: [_flip_middle(p) for p in (step / "state" / "d").iterdir()],
-                     "CRC-32C checksum verification failed"),
+                     rf"state/d/[0-9a-f]+: {SUM}$", "CRC-32C checksum verification failed"),
+    "index end flipped": (lambda step: [_flip_end(p) for p in (step / "state" / "d").iterdir()],
+                          rf"state/d/[0-9a-f]+: {SUM}$", "Error decoding .* in state/d/"),
     "truncated data": (lambda step: [p.write_bytes(p.read_bytes()[:len(p.read_bytes()) // 2])
                                      for p in (step / "state" / "d").iterdir()],
+                       rf"state/d/[0-9a-f]+: {SUM} \(\d+ bytes expected, \d+ found\)",
                        "OUT_OF_RANGE"),
     "missing metadata": (lambda step: (step / "state" / "_METADATA").unlink(),
-                         "its state has no metadata"),
+                         "a file is missing: state/_METADATA", "_METADATA"),
     "undecodable config": (lambda step: _flip_middle(step / "config" / "metadata"),
+                           f"config/metadata: {SUM}",
                            "Error"),  # UnicodeDecodeError or JSONDecodeError.
-    "missing state": (lambda step: shutil.rmtree(step / "state"), "an item is missing"),
+    "missing state": (lambda step: shutil.rmtree(step / "state"), "an item is missing: state",
+                      "an item is missing"),
 }
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_step_raises_damaged_checkpoint_and_is_set_aside(tmp_path, damage):
   """A finalised step whose bytes do not restore completely raises DamagedCheckpoint naming
-  the step and the cause, from check_intact and restore (never Orbax's or tensorstore's
-  own errors; a missing _METADATA is no changed config); the older step still restores,
-  and set_aside renames the damaged one out of the steps, unchanged."""
+  the step and the cause, from check_intact (its sums first, then Orbax's reading) and
+  restore (never Orbax's or tensorstore's own errors; a missing _METADATA is no changed
+  config); the older step still restores, and set_aside renames the damaged one out of
+  the steps, unchanged."""
   with checkpoint.Checkpointer(tmp_path) as ckpt:
     ckpt.save(1, make_state(1), CONFIG)
     ckpt.save(2, make_state(2), CONFIG)
-  damage_step, cause = DAMAGE[damage]
+  damage_step, by_sums, by_orbax = DAMAGE[damage]
   damage_step(tmp_path / "2")
   damaged = {p.relative_to(tmp_path / "2"): p.read_bytes()
              for p in (tmp_path / "2").rglob("*") if p.is_file()}
-  message = rf"checkpoint step 2 in {tmp_path} does not restore: .*{cause}"
-  with pytest.raises(checkpoint.DamagedCheckpoint, match=message) as info:
+  message = rf"checkpoint step 2 in {tmp_path} does not restore: "
+  with pytest.raises(checkpoint.DamagedCheckpoint, match=message + by_sums) as info:
     checkpoint.check_intact(tmp_path, 2)
   assert (info.value.step, info.value.path) == (2, str(tmp_path / "2"))
+  with pytest.raises(checkpoint.DamagedCheckpoint, match=message + f".*{by_orbax}"):
+    checkpoint.check_intact(tmp_path, 2, verify=False)
   with checkpoint.Checkpointer(tmp_path) as ckpt:
-    with pytest.raises(checkpoint.DamagedCheckpoint, match=message):
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=message + f".*{by_orbax}"):
       ckpt.restore(zeros_like(make_state()))
     assert_trees_identical(ckpt.restore(zeros_like(make_state()), step=1)[0], make_state(1))
   assert checkpoint.check_intact(tmp_path, 1) == CONFIG

@@ -35,6 +35,31 @@ def test_push_uploads_what_changed_and_pull_copies_all_but_checkpoints(bucket, t
   assert run_folder.push(local, str(tmp_path / "a-path")) == []  # A path is its own folder.
 
 
+def test_push_removes_from_the_url_what_the_staging_folder_removed(bucket, tmp_path):
+  """A resume replaces the run's TensorBoard event file (`report.MetricsWriter` removes
+  the earlier one, which mirrors a log it has just cut): the next push removes it from
+  the bucket too, as a local run folder has it removed. What the staging folder never
+  held (another writer's file) stays."""
+  out = f"{bucket}/removed"
+  local = tmp_path / "staged"
+  (local / "tensorboard").mkdir(parents=True)
+  (local / "tensorboard" / "events.out.tfevents.1").write_bytes(b"the first run's")
+  run_folder.push(local, out)
+  (epath.Path(out) / "notes.txt").write_text("someone else's")
+  again = tmp_path / "again"  # The resume, on a machine without the staging folder.
+  run_folder.pull(out, again)
+  (again / "notes.txt").unlink()  # Pulled, then removed: removed from the bucket too.
+  (again / "tensorboard" / "events.out.tfevents.1").unlink()
+  (again / "tensorboard" / "events.out.tfevents.2").write_bytes(b"the resumed run's")
+  assert run_folder.push(again, out) == ["tensorboard/events.out.tfevents.2"]
+  assert sorted(p.name for p in (epath.Path(out) / "tensorboard").iterdir()) == [
+      "events.out.tfevents.2"]
+  assert not (epath.Path(out) / "notes.txt").exists()
+  (epath.Path(out) / "late.txt").write_text("written after the pull")
+  assert run_folder.push(again, out) == []
+  assert (epath.Path(out) / "late.txt").exists()
+
+
 def test_staging_folders_of_two_urls_differ(monkeypatch, tmp_path):
   monkeypatch.setenv(run_folder.STAGING_ENV, str(tmp_path))
   a, b = run_folder.staging_dir("gs://b/x_y"), run_folder.staging_dir("gs://b/x/y")

@@ -41,47 +41,89 @@ def reference(tmp_path_factory):
   return out
 
 
-def _damage(step_dir: epath.Path) -> dict[str, bytes]:
-  """Flips 40 bytes in the middle of each data file of a checkpoint's state (what a bad
+INDEX = "state/d"  # OCDBT's b-tree index (CRC-32C checked by tensorstore itself).
+ARRAY_DATA = "state/ocdbt.process_0/d"  # The arrays' values (no checksum of their own).
+# The cause of a damaged step's line: the first file whose sum differs, and both sums.
+SUMS_DIFFER = r"(?P<file>\S+): sha256 [0-9a-f]{64} expected, [0-9a-f]{64} found"
+
+
+def _damage(step_dir: epath.Path, folder: str = INDEX) -> dict[str, bytes]:
+  """Flips 40 bytes in the middle of each file of `folder` in a checkpoint (what a bad
   disk or a torn copy leaves); returns the damaged files' bytes by relative path."""
   damaged = {}
-  for path in (step_dir / "state" / "d").iterdir():
+  for path in (step_dir / folder).iterdir():
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
     data[middle:middle + 40] = bytes(b ^ 0xFF for b in data[middle:middle + 40])
     path.write_bytes(bytes(data))
-    damaged[f"state/d/{path.name}"] = bytes(data)
+    damaged[f"{folder}/{path.name}"] = bytes(data)
   assert damaged
   return damaged
 
 
-def _set_aside_line(err: str, out, group: str, step: int, resumed: int) -> epath.Path:
-  """The one line saying which step did not restore and why; the folder it names."""
+def _set_aside_line(err: str, out, group: str, step: int, resumed: int,
+                    damaged: dict[str, bytes]) -> epath.Path:
+  """The one line saying which step did not restore and why (a file of `damaged`, its
+  sums); the folder it names, holding the damaged files as they were."""
   lines = [line for line in err.splitlines() if "does not restore" in line]
   assert len(lines) == 1, err[-3000:]
   match = re.fullmatch(
-      rf"checkpoint step {step} of group {group} does not restore \((DATA_LOSS: .+)\): "
-      rf"moved to (\S+); {group} resumes from step {resumed}", lines[0])
+      rf"checkpoint step {step} of group {group} does not restore \({SUMS_DIFFER}\): "
+      rf"moved to (?P<moved>\S+); {group} resumes from step {resumed}", lines[0])
   assert match, lines[0]
-  assert "checksum" in match.group(1)  # The cause: the damaged bytes fail their CRC.
-  moved = epath.Path(match.group(2))
+  assert match.group("file") in damaged, (match.group("file"), list(damaged))
+  moved = epath.Path(match.group("moved"))
   assert moved.parent == epath.Path(out) / "checkpoints" / group
   assert moved.name.startswith(f"{step}.damaged-")
+  for rel, data in damaged.items():  # Kept as it was, to inspect.
+    assert (moved / rel).read_bytes() == data
   return moved
 
 
+def _event_files(out) -> list[str]:
+  """The TensorBoard event files of a run folder, local or gs://."""
+  folder = epath.Path(out) / "tensorboard"
+  return sorted(p.name for p in folder.iterdir() if p.name.startswith("events.out.tfevents."))
+
+
+@pytest.mark.parametrize("folder", [INDEX, ARRAY_DATA])
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_equal(reference,
-                                                                         tmp_path, capsys):
+                                                                         tmp_path, capsys,
+                                                                         folder):
+  """Bytes flipped in the newest checkpoint's index or array data (which restored
+  silently, with other numbers, before sums): found by the sums, said in one line, set
+  aside, and the run resumes from the older step and ends as the uninterrupted one."""
   out = tmp_path / "run"
   shutil.copytree(reference, out)
-  damaged = _damage(epath.Path(out) / "checkpoints" / "toy_b" / "8")
+  damaged = _damage(epath.Path(out) / "checkpoints" / "toy_b" / "8", folder)
   assert cli.main(_argv(out)) == 0
   err = capsys.readouterr().err
   assert "(resuming: toy_a from step 8, toy_b from step 4)" in err
-  moved = _set_aside_line(err, out, "toy_b", 8, 4)
-  for rel, data in damaged.items():  # Kept as it was, to inspect.
-    assert (moved / rel).read_bytes() == data
+  _set_aside_line(err, out, "toy_b", 8, 4, damaged)
+  assert "checksums" not in err  # Every step has its sums: nothing said about them.
   assert checkpoint.all_steps(out / "checkpoints" / "toy_b") == [4, 8]  # 8 trained again.
+  _assert_same_run(reference, out)
+  # The earlier run's event file is replaced by the resumed run's, as in a bucket (below).
+  assert len(_event_files(out)) == 1 and _event_files(out) != _event_files(reference)
+
+
+def test_checkpoints_without_sums_resume_and_say_so_once(reference, tmp_path, capsys):
+  """Checkpoints written before sums existed (no sum file in any step of either group)
+  are no damage: one line says they resume unverified, nothing is set aside, and the
+  run ends as the uninterrupted one."""
+  out = tmp_path / "run"
+  shutil.copytree(reference, out)
+  for sums in (out / "checkpoints").rglob(checkpoint.SUMS_FILE):
+    sums.unlink()
+  assert cli.main(_argv(out)) == 0
+  err = capsys.readouterr().err
+  said = [line for line in err.splitlines() if "checksums" in line]
+  assert said == ["checkpoints written without checksums (by mpx before it summed them): "
+                  "toy_a step 8, toy_b step 8 resume unverified, as before; the run's new "
+                  "checkpoints carry them"], err[-3000:]
+  assert "does not restore" not in err
+  for group in ("toy_a", "toy_b"):
+    assert checkpoint.all_steps(out / "checkpoints" / group) == [4, 8]
   _assert_same_run(reference, out)
 
 
@@ -99,9 +141,9 @@ def test_no_checkpoint_that_restores_ends_in_one_line_and_moves_nothing(referenc
   assert cli.main(_argv(out)) == run.STORAGE_EXIT_CODE == 4
   err = capsys.readouterr().err
   assert "Traceback" not in err and err.count("\n") == 1, err
-  assert err.startswith(f"mpx run: storage fault: no checkpoint of group toy_b in {group} "
-                        "restores (step 8: DATA_LOSS: "), err
-  assert "step 4: its state has no metadata" in err
+  assert re.match(rf"mpx run: storage fault: no checkpoint of group toy_b in {group} "
+                  rf"restores \(step 8: {SUMS_DIFFER}; ", err), err
+  assert "step 4: a file is missing: state/_METADATA" in err
   assert f"move the damaged step folders out of {group}" in err
   assert sorted(p.name for p in group.iterdir()) == ["4", "8"]
   assert (out / "metrics.jsonl").read_bytes() == metrics
@@ -187,20 +229,22 @@ def test_a_disk_full_during_a_checkpoint_ends_in_one_line_then_the_run_ends_equa
 
 # --- a gs:// run folder -------------------------------------------------------------------
 
-def test_a_damaged_newest_checkpoint_in_a_bucket_is_set_aside(reference, bucket, capsys):
+@pytest.mark.parametrize("folder", [INDEX, pytest.param(ARRAY_DATA, marks=pytest.mark.slow)])
+def test_a_damaged_newest_checkpoint_in_a_bucket_is_set_aside(reference, bucket, capsys,
+                                                              folder):
   """The same fallback in a gs:// run folder (a GCS emulator): found, said, renamed in
   the bucket, and the run ends as the uninterrupted local one."""
-  out = f"{bucket}/runs/damaged"
+  out = f"{bucket}/runs/damaged-{folder.replace('/', '-')}"
   for path in reference.rglob("*"):  # The finished run, uploaded.
     if path.is_file():
       (epath.Path(out) / path.relative_to(reference)).write_bytes(path.read_bytes())
-  damaged = _damage(epath.Path(out) / "checkpoints" / "toy_b" / "8")
+  damaged = _damage(epath.Path(out) / "checkpoints" / "toy_b" / "8", folder)
   capsys.readouterr()
   assert cli.main(_argv(out)) == 0
-  moved = _set_aside_line(capsys.readouterr().err, out, "toy_b", 8, 4)
-  for rel, data in damaged.items():
-    assert (moved / rel).read_bytes() == data
+  _set_aside_line(capsys.readouterr().err, out, "toy_b", 8, 4, damaged)
   _assert_same_run(reference, out)
+  # The bucket keeps the resumed run's event file only, as a local folder does (above).
+  assert len(_event_files(out)) == 1 and _event_files(out) != _event_files(reference)
 
 
 @contextlib.contextmanager
@@ -302,3 +346,53 @@ def test_background_errors_go_to_the_log_that_one_line_names(tmp_path, capfd):
   assert capfd.readouterr().err == ""
   assert log.read_text().count("Traceback") == 7  # Appended, the late one too.
   assert storage.fault_line(ValueError("a bad config"), errors, "x") is None
+
+
+# --- what is no storage fault: a half-installed package -------------------------------------
+
+def test_a_half_installed_package_is_named_not_a_storage_fault(tmp_path, monkeypatch, capsys):
+  """A package whose shared library is missing (as a half-installed torch, which
+  tensorboardX imports, raises an OSError from ctypes) ends the run with one line naming
+  the failing import and the package to reinstall, exit status 2: not a storage fault of
+  the run folder (exit 4)."""
+  site = tmp_path / "site-packages"
+  (site / "torch").mkdir(parents=True)
+  (site / "torch" / "__init__.py").write_text(
+      "import ctypes\n"
+      f"ctypes.CDLL({str(site / 'torch' / 'lib' / 'libtorch_global_deps.so')!r})\n")
+  (site / "tensorboardX").mkdir()
+  (site / "tensorboardX" / "__init__.py").write_text(
+      "try:\n  import torch\nexcept ImportError:\n  pass\n"
+      "class SummaryWriter:\n  pass\n")
+  monkeypatch.syspath_prepend(str(site))
+  for name in [m for m in sys.modules if m.split(".")[0] in ("torch", "tensorboardX")]:
+    monkeypatch.delitem(sys.modules, name)
+  out = tmp_path / "run"
+  assert cli.main(_argv(out)) == run.ERROR_EXIT_CODE == 2
+  err = capsys.readouterr().err
+  last = err.splitlines()[-1]
+  assert last == (
+      f"mpx run: error: importing tensorboardX failed in torch, which is half-installed "
+      f"(OSError: {site}/torch/lib/libtorch_global_deps.so: cannot open shared object file: "
+      "No such file or directory): reinstall it (pip install --force-reinstall torch)"), err
+  assert "storage fault" not in err and "Traceback" not in err
+
+
+def test_a_half_installed_package_s_import_error_is_named(tmp_path, monkeypatch):
+  """An ImportError raised inside an installed package's own import (its compiled part
+  missing) names that package to reinstall; one raised by mpx's own import of a package
+  that is not installed at all is no half-installed package (`mpx[...]` names it)."""
+  site = tmp_path / "dist-packages"
+  (site / "tokenizers").mkdir(parents=True)
+  (site / "tokenizers" / "__init__.py").write_text("from .tokenizers import Tokenizer\n")
+  monkeypatch.syspath_prepend(str(site))
+  monkeypatch.delitem(sys.modules, "tokenizers", raising=False)
+  with pytest.raises(ImportError) as info:
+    import tokenizers  # noqa: F401
+  assert cli._half_installed(info.value) == (
+      "importing tokenizers failed in tokenizers, which is half-installed "
+      "(ModuleNotFoundError: No module named 'tokenizers.tokenizers'): reinstall it (pip "
+      "install --force-reinstall tokenizers)")
+  with pytest.raises(ImportError) as info:
+    import mpx_package_that_is_not_installed  # noqa: F401
+  assert cli._half_installed(info.value) is None

@@ -13,6 +13,7 @@ sets them); otherwise JAX detects it (Cloud TPU VMs, SLURM).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -73,6 +74,20 @@ def any_process(flag: bool) -> bool:
     return bool(flag)
   from jax.experimental import multihost_utils
   return bool(np.any(multihost_utils.process_allgather(np.asarray([flag]))))
+
+
+def from_primary(value: Any) -> Any:
+  """Process 0's `value` (JSON-serialisable) on every process (a collective: every
+  process must call it at the same point): one decision for all, where each process
+  could see the storage differently."""
+  if jax.process_count() == 1:
+    return value
+  from jax.experimental import multihost_utils
+  data = json.dumps(value).encode() if is_primary() else b""
+  size = int(multihost_utils.broadcast_one_to_all(np.asarray(len(data), np.int32)))
+  padded = np.zeros(size, np.uint8)
+  padded[:len(data)] = np.frombuffer(data, np.uint8)
+  return json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(padded))))
 
 
 def barrier(name: str) -> None:

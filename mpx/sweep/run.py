@@ -42,7 +42,8 @@ from mpx.sweep import stages
 from mpx.sweep import storage
 
 # `mpx run`'s exit codes: 0 done; 1 failed (an unexpected error: a traceback); 2 error
-# (a bad command line, or a config refused when it is built or traced: a one-line message);
+# (a bad command line, a config refused when it is built or traced, or a package missing or
+# half-installed: a one-line message);
 # 3 refused (the run folder holds another run, or --resume found nothing to continue:
 # nothing was written); 143 preempted (SIGTERM: the state is checkpointed, run the same
 # command again); 130 interrupted (Ctrl-C, saved as for SIGTERM; a second Ctrl-C stops at
@@ -434,22 +435,26 @@ def _check_checkpoint_config(directory: str | pathlib.Path, stored: dict, saved:
 
 
 def _intact_steps(root: epath.Path, saved: dict, flag: str = "--resume"
-                  ) -> tuple[dict[str, int], list[checkpoint.DamagedCheckpoint]]:
-  """Each group's newest checkpoint under `root` that restores completely (read whole,
-  read-only, before anything is written; its config checked), and the newer ones that do
-  not, which the run sets aside: {group: step}, [damaged]. A group none of whose
-  checkpoints restores is a StorageError naming its folder: nothing is moved then."""
-  steps, damaged = {}, []
+                  ) -> tuple[dict[str, int], list[checkpoint.DamagedCheckpoint], list[str]]:
+  """Each group's newest checkpoint under `root` that restores completely (its sums
+  verified, then read whole, read-only, before anything is written; its config checked),
+  the newer ones that do not, which the run sets aside, and the steps it resumes from
+  that carry no sums (written before mpx summed them, `_unsummed_line`): {group: step},
+  [damaged], ["GROUP step STEP"]. Process 0 decides for all processes (`_verdict`). A
+  group none of whose checkpoints restores is a StorageError naming its folder: nothing
+  is moved then."""
+  steps, damaged, unsummed = {}, [], []
   for directory in sorted(root.iterdir() if root.is_dir() else []):
     failed = []  # A group without a finalised step starts from scratch.
     for step in reversed(checkpoint.all_steps(directory)):
-      try:
-        stored = checkpoint.check_intact(directory, step)
-      except checkpoint.DamagedCheckpoint as e:
-        failed.append(e)
+      cause, summed, stored = _verdict(directory, step)
+      if cause is not None:
+        failed.append(checkpoint.DamagedCheckpoint(directory, step, cause))
         continue
       _check_checkpoint_config(directory, stored, saved, flag)
       steps[directory.name] = step
+      if not summed:
+        unsummed.append(f"{directory.name} step {step}")
       break
     if failed and directory.name not in steps:
       causes = "; ".join(f"step {e.step}: {e.cause}" for e in failed)
@@ -459,7 +464,41 @@ def _intact_steps(root: epath.Path, saved: dict, flag: str = "--resume"
           fix=f"move the damaged step folders out of {directory} (group "
               f"{directory.name} then trains from step 0) or put back intact copies")
     damaged += failed
-  return steps, damaged
+  return steps, damaged, unsummed
+
+
+def _verdict(directory: epath.Path, step: int) -> tuple[str | None, bool, dict | None]:
+  """Whether checkpoint `step` restores: (why not, or None; whether it has sums; its
+  config). Process 0 alone verifies the sums and reads the state whole (reading every
+  byte once is enough), and its verdict is every process's: one decision for all, even
+  where another process would see the storage otherwise."""
+  verdict = None
+  if distributed.is_primary():
+    try:
+      summed = checkpoint.verify_sums(directory, step)
+      verdict = [None, summed, checkpoint.check_intact(directory, step, verify=False)]
+    except checkpoint.DamagedCheckpoint as e:
+      verdict = [e.cause, False, None]
+    except Exception as e:  # The others must not wait for a verdict that never comes.
+      storage = [e.path, e.cause, e.fix] if isinstance(e, checkpoint.StorageError) else None
+      distributed.from_primary({"error": f"{type(e).__name__}: {e}", "storage": storage})
+      raise
+  verdict = distributed.from_primary(verdict)
+  if isinstance(verdict, dict):  # Process 0 raised: its error here too, in one line.
+    if verdict["storage"]:
+      path, cause, fix = verdict["storage"]
+      raise checkpoint.StorageError(verdict["error"], path=path, cause=cause, fix=fix)
+    raise RuntimeError(f"process 0 failed checking checkpoint step {step} in {directory}: "
+                       f"{verdict['error']}")
+  return tuple(verdict)
+
+
+def _unsummed_line(unsummed: list[str]) -> str:
+  """The one line for the steps a run resumes from unverified: written by an mpx that
+  did not sum checkpoints yet, they restore as they always did."""
+  return (f"checkpoints written without checksums (by mpx before it summed them): "
+          f"{', '.join(unsummed)} resume unverified, as before; the run's new checkpoints "
+          "carry them")
 
 
 def _set_aside(damaged: checkpoint.DamagedCheckpoint, steps: dict[str, int]) -> str:
@@ -738,11 +777,12 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   flag = "--resume" if resume is True else f"--resume={RESUME_AUTO}"
   if resume == RESUME_AUTO:  # The same run resumes; a folder without progress starts.
     resume = _has_progress(root, checkpoints) is not None
-  completed, damaged = {}, []
+  completed, damaged, unsummed = {}, [], []
   if resume:
     _check_resume_config(root, checkpoints, saved_config, flag)
-    # Every process reads them: Orbax's checkpoint manager synchronises the processes.
-    completed, damaged = _intact_steps(checkpoints, saved_config, flag)
+    # Every process reads them (Orbax's checkpoint manager synchronises the processes);
+    # process 0 verifies their sums and decides.
+    completed, damaged, unsummed = _intact_steps(checkpoints, saved_config, flag)
     keep = lambda r: r.get("step", 0) <= completed.get(r.get("group"), -1)
   else:
     _check_fresh(root, checkpoints, saved_config)
@@ -765,6 +805,8 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
     print(plan(groups, mesh, out, completed if resume else None), file=sys.stderr)
     for line in aside:
       print(line, file=sys.stderr)
+    if unsummed:
+      print(_unsummed_line(unsummed), file=sys.stderr)
   if primary and hasattr(experiment, "save_run_files"):  # E.g. the tokenizer a run trained.
     for _, (variant, *_) in variants:
       experiment.save_run_files(variant, run_dir)

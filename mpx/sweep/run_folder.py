@@ -6,8 +6,10 @@ metrics.jsonl, summaries, plots, TensorBoard events, an experiment's own files) 
 appended to and rewritten in place, which object stores cannot do; process 0 writes them
 into a local staging folder and `push` uploads what changed. The run loop pushes before
 every checkpoint save, so the bucket's metrics always reach the latest checkpoint (a
-resume drops the records past it), and once more at the end. `pull` makes the staging
-folder a fresh copy of the URL's files, so `--resume` works from any machine.
+resume drops the records past it), and once more at the end; a file removed from the
+staging folder (a resume's replaced TensorBoard events) is removed from the URL as well.
+`pull` makes the staging folder a fresh copy of the URL's files, so `--resume` works from
+any machine.
 
 A local run folder is its own staging folder: `push` and `pull` do nothing.
 """
@@ -103,7 +105,10 @@ def _write_manifest(local: pathlib.Path, stats: dict) -> None:
 
 def push(local: str | os.PathLike, out: str | os.PathLike) -> list[str]:
   """Uploads the files of `local` that changed since the last push (size or mtime) to
-  the URL `out`; returns their relative paths. Nothing for a path."""
+  the URL `out`, then removes from it the files the last push or pull held that `local`
+  no longer does (e.g. the TensorBoard event file a resume replaces), so that the bucket
+  holds what a local run folder would; returns the uploaded relative paths. What the
+  staging folder never held stays. Nothing for a path."""
   if not is_url(out):
     return []
   local = pathlib.Path(local)
@@ -115,5 +120,8 @@ def push(local: str | os.PathLike, out: str | os.PathLike) -> list[str]:
   for rel in changed:
     (root / rel).parent.mkdir(parents=True, exist_ok=True)
     (root / rel).write_bytes((local / rel).read_bytes())
+  for rel in sorted(set(pushed) - set(stats)):  # After the uploads: a kill keeps both.
+    if (root / rel).exists():
+      (root / rel).unlink()
   _write_manifest(local, stats)
   return changed
