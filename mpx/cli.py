@@ -9,8 +9,10 @@ import json
 import os
 import pathlib
 import re
+import signal
 import sys
 import textwrap
+import threading
 
 import mpx
 from mpx import priors
@@ -93,7 +95,34 @@ def _prior_command(args) -> int:
   return 0
 
 
+class _Terminated(BaseException):
+  """SIGTERM while no training runs (the setup, the checkpoint scan, the pull from a
+  bucket, the summary; training has its own handler that saves first): it unwinds as
+  Ctrl-C does, so the run folder's lock is released on the way out."""
+
+
+def _terminated(signum, frame):
+  del signum, frame
+  raise _Terminated
+
+
 def _run_command(args) -> int:
+  from mpx.sweep import run as run_lib
+  main_thread = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+  try:
+    return _run_unless_stopped(args)
+  except _Terminated:
+    print("mpx run: stopped by SIGTERM outside training (while the run was set up or its "
+          f"summary written), so no training was lost; {run_lib.again(args.resume)} "
+          "starts or continues it.", file=sys.stderr)
+    return run_lib.PREEMPTED_EXIT_CODE
+  finally:
+    if main_thread:
+      signal.signal(signal.SIGTERM, previous)
+
+
+def _run_unless_stopped(args) -> int:
   from mpx.sweep import config as config_lib
   from mpx.sweep import lock as lock_lib
   from mpx.sweep import run as run_lib

@@ -9,9 +9,11 @@ tests/test_resume_auto.py.
 """
 
 import errno
+import fcntl
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -69,22 +71,34 @@ def _dead_pid() -> int:
   return int(done.stdout)
 
 
-@pytest.mark.parametrize("changes, stale", [
-    (lambda: {"pid": _dead_pid(), "pid_start": None}, "process {pid} on this machine is gone"),
-    (lambda: {"pid_start": "1"}, "process {pid} on this machine is gone"),  # Pid reused.
+def _age(path, seconds):
+  """Makes the file at `path` look last written `seconds` ago (by the filesystem's clock)."""
+  then = time.time() - seconds
+  os.utime(path, (then, then))
+
+
+# (the record's changes, seconds since the lock file was written, why it is stale or None)
+@pytest.mark.parametrize("changes, age, stale", [
+    (lambda: {"pid": _dead_pid(), "pid_start": None}, 0,
+     "process {pid} on this machine is gone"),
+    (lambda: {"pid_start": "1"}, 0, "process {pid} on this machine is gone"),  # Pid reused.
     # A live pid without a start time (no /proc): the free flock says it is not the holder.
-    (lambda: {"pid": os.getppid(), "pid_start": None},
+    (lambda: {"pid": os.getppid(), "pid_start": None}, 0,
      "process {pid} on this machine no longer holds its flock"),
-    (lambda: {"host": "elsewhere", "heartbeat": time.time() - 125},
-     "its last heartbeat is 125 s old (stale after 120 s)"),
-    (lambda: {"host": "elsewhere", "heartbeat": time.time() - 100}, None),
-    (lambda: {"boot_id": "another boot", "heartbeat": time.time() - 100}, None),
+    (lambda: {"host": "elsewhere"}, 125,
+     "its last heartbeat is 125 s old by the storage's clock (stale after 120 s)"),
+    (lambda: {"host": "elsewhere"}, 100, None),
+    (lambda: {"boot_id": "another boot"}, 100, None),
+    # The holder's clock says nothing: a record dated 10 minutes back, written just now.
+    (lambda: {"host": "elsewhere", "heartbeat": time.time() - 600}, 0, None),
 ])
 def test_a_dead_holder_is_taken_over_and_a_live_one_elsewhere_refuses(tmp_path, changes,
-                                                                      stale):
+                                                                      age, stale):
   """Stale: the holder's process is gone on this machine (no such pid, or another process
-  under its pid), or its heartbeat from another machine is older than 4 of its 30 s beats."""
+  under its pid), or, from another machine, the lock file was last written more than 4 of
+  its 30 s beats ago by the filesystem's clock."""
   held = _write_record(tmp_path, heartbeat_every=30.0, **changes())
+  _age(tmp_path / lock.LOCK_FILE, age)
   if stale is None:
     with pytest.raises(lock.Locked, match=f"by pid {held['pid']} on {held['host']} since"):
       lock.Hold(str(tmp_path), "mpx run new")
@@ -178,6 +192,33 @@ def test_a_holder_whose_heartbeat_hangs_writes_nothing_once_taken_over(tmp_path)
   assert json.loads((out / lock.LOCK_FILE).read_text())["token"] == "theirs"
 
 
+# SIGTERM while the run is set up, its lock held (here while the run folder is pulled, as
+# from a bucket), before training's own handler: a preemption's notice at a bad moment.
+_TERMINATED_IN_SETUP = """
+import os, signal, sys, time
+from mpx import cli
+from mpx.sweep import run_folder
+def pull(out, run_dir):
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(30)
+run_folder.pull = pull
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def test_a_sigterm_before_training_releases_the_lock(tmp_path):
+  """Exit 143 with one line, and the lock gone at once (not left to go stale, as another
+  host would have to wait for): the same command starts again right away."""
+  out = tmp_path / "run"
+  done = subprocess.run([sys.executable, "-c", _TERMINATED_IN_SETUP, str(out),
+                         *ra._argv(out)], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, env=os.environ | ra._CACHE)
+  assert done.returncode == run.PREEMPTED_EXIT_CODE == 143, done.stderr[-3000:]
+  assert done.stderr.splitlines()[-1].startswith(
+      "mpx run: stopped by SIGTERM outside training (while the run was set up"), done.stderr
+  assert not (out / lock.LOCK_FILE).exists()
+
+
 def test_a_forked_child_does_not_keep_the_lock_of_its_dead_parent(tmp_path):
   """A data loader's forked worker holds a copy of every open file; the lock's is closed in
   it, so the lock of a parent that died is free while the worker lingers."""
@@ -222,8 +263,11 @@ def test_a_gs_folder_held_from_another_host_refuses_the_run(bucket, capsys):
 
 
 def test_a_stale_gs_lock_is_taken_over_by_exactly_one_of_several_writers(bucket):
+  """Stale by the bucket's clock: the object's update time is more than 4 beats of 0.25 s
+  before the bucket's Date (whole seconds), whatever the record says."""
   url = f"{bucket}/stale"
-  _write_record(url, host="other-host", heartbeat=time.time() - 600)
+  _write_record(url, host="other-host", heartbeat=time.time() + 600, heartbeat_every=0.25)
+  time.sleep(2.5)
   start, holds, refused = threading.Barrier(4), [], []
 
   def writer(i):
@@ -240,12 +284,48 @@ def test_a_stale_gs_lock_is_taken_over_by_exactly_one_of_several_writers(bucket)
     t.join()
   assert len(holds) == 1 and len(refused) == 3, refused
   winner = holds[0]
-  assert "its last heartbeat is 600 s old" in winner.took_over
+  assert re.search(r"its last heartbeat is \d+ s old by the storage's clock \(stale after "
+                   r"1 s\)\.$", winner.took_over), winner.took_over
   assert all(f"({winner.mine['command']})" in message for message in refused)
   stored = json.loads((epath.Path(url) / lock.LOCK_FILE).read_text())
   assert stored["token"] == winner.mine["token"]
   winner.release()
   assert _objects(url) == []
+
+
+def test_a_flock_held_from_another_host_says_what_outlives_a_dead_one(tmp_path):
+  """Through NFS the flock of another host is held here too, and a dead host's outlives
+  it: the line names the host and when the file server lets go, not a pid to kill."""
+  held = _write_record(tmp_path, host="node7", boot_id="its boot")
+  with open(tmp_path / lock.LOCK_FILE) as theirs:  # The shared filesystem's flock.
+    fcntl.flock(theirs, fcntl.LOCK_EX)
+    with pytest.raises(lock.Locked) as refused:
+      lock.Hold(str(tmp_path), "mpx run here")
+  message = str(refused.value)
+  assert message.startswith(f"{tmp_path} is being written by pid {held['pid']} on node7 "), message
+  assert "if node7 is down, its flock lasts until the file server drops it" in message
+  assert "kill" not in message
+  assert json.loads((tmp_path / lock.LOCK_FILE).read_text()) == held
+
+
+@pytest.mark.parametrize("skew", [600.0, -600.0])
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_a_clock_ahead_or_behind_takes_no_live_lock(where, skew, tmp_path, request,
+                                                   monkeypatch):
+  """A live lock from another host, written just now, is refused whether that host's
+  clock or this one's runs 10 minutes ahead or behind: its age is the storage's."""
+  folder = str(tmp_path) if where == "local" else f"{request.getfixturevalue('bucket')}/skew"
+  # The holder's clock off: its record's times are 10 minutes off.
+  held = _write_record(folder, host="other-host", started=time.time() + skew,
+                       heartbeat=time.time() + skew)
+  with pytest.raises(lock.Locked, match=r"by pid \d+ on other-host .*, last heartbeat \d s ago"):
+    lock.Hold(folder, "mpx run here")
+  # This host's clock off.
+  monkeypatch.setattr(lock, "_clock", lambda: time.time() + skew)
+  with pytest.raises(lock.Locked, match="on other-host"):
+    lock.Hold(folder, "mpx run here")
+  assert json.loads((epath.Path(folder) / lock.LOCK_FILE).read_text()) == held
+  (epath.Path(folder) / lock.LOCK_FILE).unlink()
 
 
 # --- one job, many processes ---------------------------------------------------------------

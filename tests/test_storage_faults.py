@@ -348,6 +348,25 @@ def test_background_errors_go_to_the_log_that_one_line_names(tmp_path, capfd):
   assert storage.fault_line(ValueError("a bad config"), errors, "x") is None
 
 
+def test_nothing_goes_into_the_run_folder_once_its_lock_is_let_go(tmp_path, capfd):
+  """`let_go` (the run, just before its lock is released): what was caught is in the run
+  folder's log; what comes after goes to a temporary file that a line names, since
+  another run may write the folder by then."""
+  from mpx.sweep import storage
+  import logging
+  with storage.background_errors_to_log():
+    storage.log_here(tmp_path, str(tmp_path))
+    logging.getLogger("absl").error("before the release")
+    storage.let_go()
+    logging.getLogger("absl").error("after the release")
+  text = (tmp_path / storage.LOG_FILE).read_text()
+  assert "before the release" in text and "after the release" not in text
+  elsewhere = capfd.readouterr().err.rpartition(" logged to ")[2].strip()
+  assert pathlib.Path(elsewhere).parent != tmp_path, elsewhere
+  assert "after the release" in pathlib.Path(elsewhere).read_text()
+  os.remove(elsewhere)
+
+
 # --- what is no storage fault: a half-installed package -------------------------------------
 
 def test_a_half_installed_package_is_named_not_a_storage_fault(tmp_path, monkeypatch, capsys):

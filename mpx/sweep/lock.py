@@ -14,8 +14,10 @@ says why):
   gone: no process of that pid, a zombie, or another process under a reused pid (another
   start time);
 - from another machine once its last heartbeat is more than STALE_BEATS of the holder's
-  heartbeat intervals old (120 s by default; the hosts' clocks must agree to well within
-  that).
+  heartbeat intervals old (120 s by default), by the store's own clock: the lock file's
+  mtime against that of a file made beside it now, the lock object's `updated` time
+  against the bucket's Date. No host's clock judges another's lock, so a clock that runs
+  ahead cannot take a live lock, nor one that runs behind lose its own.
 
 Local (or mounted) folders: the lock file is read, judged and written under flock(2), which
 keeps two processes of one machine (and NFS clients) from both taking it; the kernel drops
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import email.utils
 import errno
 import fcntl
 import json
@@ -37,6 +40,7 @@ import os
 import pathlib
 import socket
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -50,6 +54,12 @@ DEFAULT_HEARTBEAT_S = 30.0
 STALE_BEATS = 4  # A lock from another machine is stale after this many missed heartbeats.
 EXIT_CODE = 75  # `mpx run`: the folder is locked (EX_TEMPFAIL: try again later).
 _TRIES = 5  # Rounds of read, judge, take before a contended lock counts as held.
+
+
+def _clock() -> float:
+  """This host's clock: what a record says (its start, its heartbeats), never what judges
+  a lock (the store's clock does: `_LocalLock.age`, `_BucketLock.age`)."""
+  return time.time()
 
 
 class Locked(Exception):
@@ -118,7 +128,7 @@ def _process_gone(pid: int, start: str | None) -> bool:
 
 def record(command: str, processes: int = 1) -> dict:
   """This process's lock record (its heartbeat is now)."""
-  now = time.time()
+  now = _clock()
   process = _process_start(os.getpid())
   return _machine() | {
       "pid": os.getpid(), "pid_start": process and process[1], "command": command,
@@ -142,10 +152,11 @@ def _same_machine(held: dict, machine: dict) -> bool:
   return all(held.get(k) == v for k, v in machine.items())
 
 
-def stale_reason(held: dict, flock_free: bool = False) -> str | None:
-  """Why the lock `held` is stale (its holder is gone), or None while it is live.
-  `flock_free`: this process took the lock file's flock, which a live holder of this
-  machine keeps (so a reused pid cannot look like the holder)."""
+def stale_reason(held: dict, age: float, flock_free: bool = False) -> str | None:
+  """Why the lock `held` is stale (its holder is gone), or None while it is live. `age`:
+  seconds since the record was last written, by the store's clock. `flock_free`: this
+  process took the lock file's flock, which a live holder of this machine keeps (so a
+  reused pid cannot look like the holder)."""
   if not held:
     return "its record is unreadable"
   if _same_machine(held, _machine()):
@@ -154,22 +165,35 @@ def stale_reason(held: dict, flock_free: bool = False) -> str | None:
     if flock_free:  # E.g. its pid now another process's, where pids have no start time.
       return f"process {held['pid']} on this machine no longer holds its flock"
     return None
-  age, bound = time.time() - held["heartbeat"], STALE_BEATS * held["heartbeat_every"]
+  bound = STALE_BEATS * held["heartbeat_every"]
   if age > bound:
-    return f"its last heartbeat is {age:.0f} s old (stale after {bound:.0f} s)"
+    return (f"its last heartbeat is {age:.0f} s old by the storage's clock (stale after "
+            f"{bound:.0f} s)")
   return None
 
 
-def _locked(where: str, held: dict | None) -> Locked:
+def _locked(where: str, held: dict | None, age: float | None = None) -> Locked:
+  """The refusal; `age`: of the holder's last heartbeat, by the store's clock, if read."""
   if not held:  # A holder of this machine that has not written its record (yet).
     return Locked(f"{where} is being written by another process (its lock record is "
                   f"unreadable: {where}/{LOCK_FILE}); wait for it to end, or choose another "
                   "--out.")
-  age = time.time() - held["heartbeat"]
+  beat = "" if age is None else f", last heartbeat {age:.0f} s ago"
+  return Locked(f"{where} is being written by {holder(held)}{beat}; wait for it to end, "
+                f"stop it (kill {held['pid']} on {held['host']}: SIGTERM saves first), or "
+                f"choose another --out (if that process is not an mpx run of this folder, "
+                f"remove {where}/{LOCK_FILE}).")
+
+
+def _locked_elsewhere(where: str, held: dict, age: float) -> Locked:
+  """The refusal where another host holds the flock through a shared filesystem (NFS):
+  the flock of a host that died outlives it until the file server drops it, and no
+  process here can tell a dead host from a live one."""
   return Locked(f"{where} is being written by {holder(held)}, last heartbeat {age:.0f} s "
-                f"ago; wait for it to end, stop it (kill {held['pid']} on {held['host']}: "
-                f"SIGTERM saves first), or choose another --out (if that process is not "
-                f"an mpx run of this folder, remove {where}/{LOCK_FILE}).")
+                f"ago, whose flock the shared filesystem holds; if {held['host']} is down, "
+                "its flock lasts until the file server drops it (NFSv4: when the host's "
+                "lease expires, about 90 s; NFSv3: when the host boots again): start again "
+                "then, or choose another --out.")
 
 
 def _encode(mine: dict) -> bytes:
@@ -238,9 +262,11 @@ class _LocalLock:
         try:
           fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # A live process of this machine holds it.
-          held = self._wait_for_record(fd)
+          held, age = self._wait_for_record(fd), self.age(fd)
           os.close(fd)
-          raise _locked(str(self.path.parent), held) from None
+          if held and not _same_machine(held, _machine()):
+            raise _locked_elsewhere(str(self.path.parent), held, age) from None
+          raise _locked(str(self.path.parent), held, age) from None
         except OSError as e:  # A filesystem without flock: the record alone decides.
           if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             os.close(fd)
@@ -253,10 +279,11 @@ class _LocalLock:
           os.close(fd)
           continue
         held = _decode(os.pread(fd, 1 << 16, 0))
-        reason = None if held is None else stale_reason(held, flock_free=flocked)
+        age = self.age(fd)
+        reason = None if held is None else stale_reason(held, age, flock_free=flocked)
         if held is not None and reason is None:
           os.close(fd)
-          raise _locked(str(self.path.parent), held)
+          raise _locked(str(self.path.parent), held, age)
         self.fd = fd
         _HELD_FDS.add(fd)
         self.write(mine)
@@ -270,6 +297,17 @@ class _LocalLock:
         self._close()
       self._remove_made()
       raise
+
+  def age(self, fd: int) -> float:
+    """Seconds since the lock file was last written, by its filesystem's clock (an NFS
+    server's, not this host's): its mtime against that of a file made beside it now."""
+    probe, name = tempfile.mkstemp(prefix=f"{LOCK_FILE}.clock-", dir=self.path.parent)
+    try:
+      return max(0.0, os.fstat(probe).st_mtime - os.fstat(fd).st_mtime)
+    finally:
+      os.close(probe)
+      with contextlib.suppress(OSError):
+        os.unlink(name)
 
   @staticmethod
   def _wait_for_record(fd: int) -> dict | None:
@@ -358,6 +396,21 @@ class _BucketLock:
                     "(x-goog-generation); mpx needs it to lock the run folder.")
     return _decode(data) or {}, headers["x-goog-generation"]
 
+  def age(self, generation: str) -> float:
+    """Seconds since the lock object was last written (its generation `generation`), by
+    the bucket's clock: the object's `updated` time against the reply's Date. 0 where the
+    object changed since it was read: its holder has just written it."""
+    headers, body = self.fs.call("GET", "b/{}/o/{}", self.bucket, self.key)
+    meta = json.loads(body)
+    if str(meta.get("generation")) != generation:
+      return 0.0
+    if "Date" not in headers and "date" not in headers:
+      raise OSError(f"{self.where}/{LOCK_FILE}: the bucket's reply has no Date; mpx needs "
+                    "the bucket's clock to tell a stale lock from a live one.")
+    now = email.utils.parsedate_to_datetime(headers.get("Date") or headers["date"])
+    updated = datetime.datetime.fromisoformat(meta["updated"].replace("Z", "+00:00"))
+    return max(0.0, (now - updated).total_seconds())
+
   def take(self, mine: dict) -> tuple[dict | None, str | None]:
     """As `_LocalLock.take`; the create, and the takeover of a stale record, succeed
     only where the object is still what was read."""
@@ -375,9 +428,10 @@ class _BucketLock:
       if held.get("token") == mine["token"]:  # Our create, whose reply was lost and retried.
         self.generation = generation
         return None, None
-      reason = stale_reason(held)
+      age = self.age(generation)
+      reason = stale_reason(held, age)
       if reason is None:
-        raise _locked(self.where, held)
+        raise _locked(self.where, held, age)
       try:
         self.generation = self._upload(mine, generation)
         return held, reason
@@ -449,7 +503,7 @@ class Hold:
   def _beat(self) -> None:
     failing = False
     while not self._stop.wait(self.mine["heartbeat_every"]):
-      self.mine["heartbeat"] = time.time()
+      self.mine["heartbeat"] = _clock()
       try:
         self._lock.beat(self.mine)
         failing = False

@@ -715,15 +715,15 @@ def run_experiment(experiment: types.ModuleType, *, preset: str | None = None,
   (e.g. drawing the plots into the folder) included."""
   with contextlib.ExitStack() as held:
     result = _run_experiment(experiment, preset=preset, overrides=overrides, out_dir=out_dir,
-                             resume=resume, devices=devices, hold=held.enter_context)
+                             resume=resume, devices=devices, held=held)
     if finish is not None:
       finish(result)
     return result
 
 
 def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir, resume,
-                    devices, hold) -> dict:
-  """`run_experiment`; `hold(context)` keeps `context` entered until it returns."""
+                    devices, held: contextlib.ExitStack) -> dict:
+  """`run_experiment`; `held` keeps the lock until it returns."""
   if resume not in (False, True, RESUME_AUTO):
     raise ValueError(f"resume must be False, True or {RESUME_AUTO!r}; got {resume!r}.")
   resume_arg = resume
@@ -772,7 +772,8 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   # All processes check (each must refuse alike); process 0 alone writes, then all wait.
   if not url:
     _check_run_dir(run_dir)
-  lock = hold(lock_lib.job_lock(out, command))  # One writer per folder, before it is read.
+  lock = held.enter_context(lock_lib.job_lock(out, command))  # Before the folder is read.
+  held.callback(storage.let_go)  # Unwound before the lock: nothing written after it.
   primary = distributed.is_primary()
   flag = "--resume" if resume is True else f"--resume={RESUME_AUTO}"
   if resume == RESUME_AUTO:  # The same run resumes; a folder without progress starts.

@@ -41,6 +41,7 @@ class BackgroundErrors(logging.Filter):
     self.out: str | None = None  # The run folder as named (a gs:// URL, or run_dir).
     self.written: str | None = None  # The log file, once written.
     self._flushed = 0  # How many of `lines` are in it (or on stderr).
+    self.let_go = False  # The run folder's lock is released: write nothing more there.
 
   def filter(self, record: logging.LogRecord) -> bool:
     if record.levelno < logging.ERROR:
@@ -68,7 +69,8 @@ class BackgroundErrors(logging.Filter):
     self._flushed = len(self.lines)
     local = (os.path.join(self.run_dir, LOG_FILE)
              if self.run_dir and os.path.isdir(self.run_dir) else None)
-    for path in dict.fromkeys(p for p in (self.written, local) if p):
+    kept = (self.written, local) if not self.let_go else ()
+    for path in dict.fromkeys(p for p in kept if p):
       size = os.path.getsize(path) if os.path.exists(path) else None
       try:
         with open(path, "a", encoding="utf-8") as f:
@@ -98,6 +100,15 @@ def log_here(run_dir: str | os.PathLike | None, out: str) -> None:
   if _active is not None:
     _active.run_dir = None if run_dir is None else os.fspath(run_dir)
     _active.out = out
+
+
+def let_go() -> None:
+  """Before the run folder's lock is released: what was caught so far goes into the run
+  folder's log now, and what comes later to a temporary file, never into a folder that
+  another run may be writing by then."""
+  if _active is not None:
+    _active.write()
+    _active.let_go = True
 
 
 @contextlib.contextmanager
