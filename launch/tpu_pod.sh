@@ -68,7 +68,7 @@ Before run, all and watch create a slice or start a job, `mpx compile` (with MPX
 which needs mpx's aot extra) compiles the job's programs for ACCELERATOR_TYPE's topology on
 this machine: a job that does not fit the chips' memory, or does not compile, stops there
 in one line (exit 2) before anything is created or started (docs/hosts.md, "Check before
-you pay"). --no-preflight skips that check.
+you pay"). --no-preflight (or MPX_PREFLIGHT=0) skips that check.
 
 options:
   --dry-run           print every command (gcloud and local) instead of running it
@@ -105,6 +105,7 @@ optional:
   MPX_LOG_SYNC      (run) seconds between the copies of the workers' logs to MPX_OUT/logs
                     (default 60)
   MPX_FETCH_DIR     (fetch) local directory to copy the run into (default: runs)
+  MPX_PREFLIGHT=0   same as --no-preflight: no mpx compile check before run, all and watch
   MPX_BUILD_DIR     (install, run) local directory for the files copied to the workers
                     (default: build/tpu_pod in this checkout); one per concurrent install
   TFDS_DATA_DIR     (run) passed on to every worker; a dataset in MPX_OUT's bucket is under
@@ -217,10 +218,11 @@ if needs ACCELERATOR_TYPE && [[ -z ${TPU_VERSION:-} ]]; then
     *) die "no default TPU_VERSION for ACCELERATOR_TYPE=$ACCELERATOR_TYPE; set it, e.g. export TPU_VERSION=tpu-ubuntu2204-base" ;;
   esac
 fi
-for flag in TPU_SPOT TPU_QUEUED; do
+for flag in TPU_SPOT TPU_QUEUED MPX_PREFLIGHT; do
   must_be flag "${!flag:-0}" "$flag must be 0 or 1, e.g. export $flag=1"
 done
 queued=${TPU_QUEUED:-0}
+[[ ${MPX_PREFLIGHT:-1} == 1 ]] || preflight=0
 log_sync=${MPX_LOG_SYNC:-60}
 must_be positive "$log_sync" "MPX_LOG_SYNC must be a number of seconds, e.g. export MPX_LOG_SYNC=60"
 if ((!dry_run)) && ! command -v gcloud >/dev/null; then

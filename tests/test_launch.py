@@ -176,6 +176,11 @@ def test_tpu_pod_dry_run_all_prints_every_command(tmp_path):
   assert lines == [TPU_PREFLIGHT, *TPU_ALL]
   assert _dry("--no-preflight", "all", "--", "boolean_gotu", "--preset", "paper",
               env=_env(tmp_path, **TPU_VARS))[0] == TPU_ALL
+  assert _dry("all", "--", "boolean_gotu", "--preset", "paper",
+              env=_env(tmp_path, **TPU_VARS, MPX_PREFLIGHT="0"))[0] == TPU_ALL
+  refused = _script("tpu_pod.sh", "--dry-run", "all", "--", "boolean_gotu",
+                    env=_env(tmp_path, **TPU_VARS, MPX_PREFLIGHT="no"))
+  assert refused.returncode == 2 and "MPX_PREFLIGHT must be 0 or 1" in refused.stderr
   # run on a slice that is up: its accelerator type as gcloud describes it.
   env = {k: v for k, v in _env(tmp_path, **TPU_VARS).items() if k != "ACCELERATOR_TYPE"}
   lines = _dry("run", "--", "boolean_gotu", "--preset", "paper", env=env)[0]
