@@ -132,6 +132,8 @@ def test_a_second_release_touches_nothing(tmp_path):
   with open(tmp_path / "other", "w") as other:  # May reuse the lock file's descriptor.
     hold.release()
     other.write("still open")
+  assert (tmp_path / "other").read_text() == "still open"  # Its descriptor left alone.
+  assert not (tmp_path / "run").exists()
 
 
 def test_the_heartbeat_refreshes_and_a_lost_lock_stops_its_holder(tmp_path, monkeypatch):

@@ -408,7 +408,8 @@ def test_diverged_member_is_reported_and_others_unchanged(uninterrupted, tmp_pat
 
 
 @pytest.mark.parametrize("assignment, message", [
-    ("stepz=3", "unknown config key; valid keys: .*steps"),
+    ("stepz=3", "unknown config key; did you mean steps\\? valid keys: .*steps"),
+    ("zzz=3", "unknown config key; valid keys: "),  # Nothing near: no guess.
     ("steps=three", "steps=three: expected a value of type int"),
     ("schemes", "expected key=value"),
     ("schemes=", "schemes=: empty item; give a comma-separated list"),

@@ -115,3 +115,21 @@ def test_a_file_whose_config_is_no_sweep_config_is_one_line_naming_the_base(tmp_
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "must subclass mpx.sweep.config.SweepConfig" in err, err
   assert not out.exists()
+
+
+def test_a_config_subclass_that_is_not_frozen_is_one_line(tmp_path, capsys):
+  """`class Config(SweepConfig)` under a plain `@dataclass`: Python refuses it with a
+  traceback; mpx says it in one line with the decorator to use, exit 2."""
+  path = tmp_path / "thawed.py"
+  path.write_text("import dataclasses\n"
+                  "from mpx.sweep.config import SweepConfig\n"
+                  "@dataclasses.dataclass\n"
+                  "class Config(SweepConfig):\n"
+                  "  width: int = 4\n")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["run", str(path), "--preset", "tiny", "--out", str(tmp_path / "run")])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err == (f"mpx run: error: {path}: its Config must be a frozen dataclass, as "
+                 "SweepConfig is: @dataclasses.dataclass(frozen=True) class "
+                 "Config(SweepConfig).\n"), err

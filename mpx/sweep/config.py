@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import itertools
 import pathlib
@@ -142,7 +143,10 @@ def apply_overrides(config, assignments: Sequence[str]):
     if not sep:
       raise ValueError(f"--set {assignment!r}: expected key=value.")
     if key not in names:
-      raise ValueError(f"--set {key}: unknown config key; valid keys: {', '.join(names)}.")
+      near = difflib.get_close_matches(key, names, n=1)
+      guess = f" did you mean {near[0]}?" if near else ""
+      raise ValueError(f"--set {key}: unknown config key;{guess} valid keys: "
+                       f"{', '.join(names)}.")
     changes[key] = _parse(key, raw.strip(), hints[key])
   return dataclasses.replace(config, **changes)
 
@@ -280,7 +284,13 @@ def load_experiment(name_or_path: str) -> types.ModuleType:
   spec = importlib.util.spec_from_file_location(f"mpx_experiment_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
   sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules.
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except TypeError as e:
+    if "non-frozen dataclass from a frozen one" not in str(e):
+      raise
+    raise ValueError(f"{path}: its Config must be a frozen dataclass, as SweepConfig is: "
+                     "@dataclasses.dataclass(frozen=True) class Config(SweepConfig).") from None
   missing = [a for a in EXPERIMENT_ATTRIBUTES if not hasattr(module, a)]
   if missing:
     raise ValueError(f"{path} is not an mpx experiment: it lacks {missing}.")
