@@ -192,10 +192,52 @@ def test_a_scheme_the_swept_value_does_not_reach_is_taken_once(selected_run, tmp
     folders[-1].mkdir()
     (folders[-1] / "config.json").write_text(json.dumps(config))
     (folders[-1] / "summary.json").write_text(json.dumps({"members": trained}))
-  _, combined = select.combine(folders)
+  notes = []
+  _, combined = select.combine(folders, notes)
   values = lambda scheme: sorted(m["hparams"]["mask_lr_multiplier"] for m in combined
                                  if m["scheme"] == scheme)
   assert values("default") == [0.0] and values("mask") == [1.0, 2.0, 4.0, 8.0]
+  assert notes == [f"default: mask_lr_multiplier does not reach it, so every folder trained "
+                   f"it alike; the rows use {folders[0]}'s members."]
+
+
+def _with_validation(monkeypatch, criteria):
+  """`mpx select` loading an experiment file whose VALIDATION now says `criteria`."""
+  load = config_lib.load_experiment
+  def changed(name):
+    experiment = load(name)
+    monkeypatch.setattr(experiment, "VALIDATION", criteria)
+    return experiment
+  monkeypatch.setattr(config_lib, "load_experiment", changed)
+
+
+def test_select_scores_with_the_criteria_the_runs_recorded(selected_run, tmp_path, capsys,
+                                                          monkeypatch):
+  """The experiment file's VALIDATION renamed since the run: the choice is still made on
+  what the run recorded; a run that recorded none, with names that match nothing, is
+  refused in one line (every value would score −inf, the smallest winning silently)."""
+  summary = json.loads((selected_run / "summary.json").read_text())
+  assert summary["selection"]["criteria"] == [list(c) for c in gotu.VALIDATION]
+  _with_validation(monkeypatch, (("val_renamed", "max"),))
+  more = _at_other_values(selected_run, tmp_path / "more", 100.0)
+  assert cli.main(["select", str(selected_run), str(more)]) == 0
+  text = capsys.readouterr().out
+  for row in summary["selection"]["rows"]:
+    assert f"| {row['scheme']} | {row['learning_rate']:g} |" in text
+  assert select.criteria_sentence(gotu.VALIDATION) .split(" (")[0] in text
+  for folder in (selected_run, more):  # As written before runs recorded their criteria.
+    old = tmp_path / f"old-{folder.name}"
+    old.mkdir()
+    (old / "config.json").write_text((folder / "config.json").read_text())
+    data = json.loads((folder / "summary.json").read_text())
+    data.get("selection", {}).pop("criteria", None)
+    (old / "summary.json").write_text(json.dumps(data))
+  with pytest.raises(SystemExit):
+    cli.main(["select", str(tmp_path / "old-selected"), str(tmp_path / "old-more")])
+  err = capsys.readouterr().err
+  assert err.startswith("mpx select: error: no value could be scored: the criteria (the "
+                        "experiment file's VALIDATION) name ['val_renamed']"), err
+  assert err.count("\n") == 1
 
 
 def test_select_refuses_folders_that_are_not_one_grid(selected_run, tmp_path, capsys):

@@ -854,7 +854,8 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
             + getattr(experiment, "SELECTION_NOTE", ""))
     extra[f"Each scheme at its {cfg.select} chosen on validation"] = (
         f"{select_lib.criteria_sentence(experiment.VALIDATION, note)}\n\n{table}")
-    selection = {"selection": {"hparam": cfg.select, "rows": rows}}
+    selection = {"selection": {"hparam": cfg.select, "rows": rows, "criteria": [
+        list(criterion) for criterion in experiment.VALIDATION]}}
   if FINGERPRINT in saved_config:  # What the run trained on (config.json holds it too).
     extra["Data (fingerprint, compared on --resume)"] = (
         "```json\n" + json.dumps(saved_config[FINGERPRINT], indent=1) + "\n```")

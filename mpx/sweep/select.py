@@ -199,12 +199,15 @@ def _grid_differences(first: Mapping[str, Any], other: Mapping[str, Any]) -> lis
   return run_lib._config_differences(grid(first), grid(other))
 
 
-def combine(run_dirs: Sequence[str | pathlib.Path]) -> tuple[dict, list[dict]]:
+def combine(run_dirs: Sequence[str | pathlib.Path], notes: list[str] | None = None
+            ) -> tuple[dict, list[dict]]:
   """(the first folder's config.json, every folder's members): run folders of one
   experiment and preset that differ only in the values of the selected hparam (and in
   `MAY_DIFFER`), e.g. a grid extended past the value chosen on its edge. A member trains
   as it would in one folder with all the values when it shares its compiled call with as
-  many members (a traced sweep on CPU maps one value's members at a time)."""
+  many members (a traced sweep on CPU maps one value's members at a time). A member the
+  swept value does not reach is trained by every folder alike: the first folder's is
+  taken, and `notes` gets a line saying so."""
   resolved = [pathlib.Path(d).resolve() for d in run_dirs if "://" not in str(d)]
   if len(set(resolved)) < len(resolved):
     raise ValueError(f"a run folder is given twice in {[str(d) for d in run_dirs]}; give "
@@ -217,20 +220,51 @@ def combine(run_dirs: Sequence[str | pathlib.Path]) -> tuple[dict, list[dict]]:
       raise ValueError(f"{run_dir} is not the run of {first_dir} at other {hparam} values: "
                        f"they differ in {differences}. Choose over folders of one command "
                        "that differ in the values only.")
-  members, seen = [], {}
+  members, seen, once = [], {}, set()
   for run_dir, config, run_members in runs:
     tried = config.get("traced", {}).get(hparam, ())
     for m in run_members:
       key = report.member_key(m)
       if key in seen and m["hparams"][hparam] not in tried:
-        continue  # A scheme the swept value does not reach (the default's multiplier 0).
+        once.add(m["scheme"])  # A scheme the swept value does not reach (the default's
+        continue               # multiplier 0): the same run in every folder.
       if key in seen:
         raise ValueError(f"{run_dir} and {seen[key]} both trained {m['task']} / "
                          f"{m['scheme']} at {hparam}={m['hparams'][hparam]:g}, seed "
                          f"{m['seed']}: give each value in one folder only.")
       seen[key] = run_dir
       members.append(m)
+  if once and notes is not None:
+    notes.append(f"{', '.join(sorted(once))}: {hparam} does not reach it, so every folder "
+                 f"trained it alike; the rows use {first_dir}'s members.")
   return first, members
+
+
+def recorded_criteria(run_dirs: Sequence[str | pathlib.Path]) -> tuple | None:
+  """The validation criteria the runs chose by, as their summary.json records them (None
+  where none does: written by an mpx that did not record them); folders that chose by
+  different criteria are refused."""
+  recorded = {}
+  for run_dir in run_dirs:
+    summary = _read_json(pathlib.Path(run_dir) / report.SUMMARY_JSON)
+    if criteria := summary.get("selection", {}).get("criteria"):
+      recorded[str(run_dir)] = tuple(tuple(c) for c in criteria)
+  if len(set(recorded.values())) > 1:
+    raise ValueError(f"the folders chose by different validation criteria ({recorded}); "
+                     "choose over folders of one command.")
+  return next(iter(recorded.values()), None)
+
+
+def check_scored(members: Sequence[Mapping[str, Any]], criteria, source: str) -> None:
+  """Refuses where no member holds any criterion's metric (the names changed since the
+  runs): every value would score −inf and the smallest would win without a word."""
+  names = [n for n, _ in criteria]
+  if any(m["metrics"].get(n) is not None for m in members for n in names):
+    return
+  held = sorted({n for m in members for n in m["metrics"] if n.startswith(PREFIX)})
+  raise ValueError(f"no value could be scored: the criteria ({source}) name {names}, and "
+                   f"the members hold {held or 'no validation metric'}; choose with the "
+                   "experiment file the runs were made with.")
 
 
 def grid_table(members: Sequence[Mapping[str, Any]], hparam: str, criterion: str,
@@ -266,14 +300,22 @@ def combined_report(run_dirs: Sequence[str | pathlib.Path]) -> str:
   """The Markdown `mpx select` prints: the choice over every folder's values, then the
   values themselves."""
   from mpx.sweep import config as config_lib  # Imports jax: only when reporting.
-  config, members = combine(run_dirs)
+  notes = []
+  config, members = combine(run_dirs, notes)
   file = config.get("run", {}).get("experiment_file")  # A user's experiment has no name.
   experiment = config_lib.load_experiment(
       file if file and pathlib.Path(file).exists() else config["experiment"])
-  hparam, criteria = config["config"]["select"], experiment.VALIDATION
+  hparam, criteria = config["config"]["select"], recorded_criteria(run_dirs)
+  source = "recorded by the runs"
+  if criteria is None:
+    criteria, source = experiment.VALIDATION, "the experiment file's VALIDATION"
+    notes.append("The runs record no criteria (written by an mpx that did not record "
+                 "them): chosen by the experiment file's VALIDATION.")
+  check_scored(members, criteria, source)
   table, _ = selection_table(members, hparam, criteria, experiment.METRICS)
   folders = "".join(f"- {d}\n" for d in run_dirs)
+  said = "".join(f"{n}\n\n" for n in notes)
   return (f"# {config['experiment']} ({config['preset']}): each scheme at its {hparam} "
-          f"chosen on validation\n\nOver the members of:\n{folders}\n"
+          f"chosen on validation\n\nOver the members of:\n{folders}\n{said}"
           f"{criteria_sentence(criteria, getattr(experiment, 'SELECTION_NOTE', ''))}\n\n"
           f"{table}\n" + grid_table(members, hparam, criteria[0][0], experiment.METRICS[0]))
