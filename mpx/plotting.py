@@ -616,6 +616,14 @@ def plot_run(run_dir) -> list[str]:
   and the degree profile over training, when the run recorded them; curves only where a
   metric was evaluated twice or more. All figures share one `scheme_colors`."""
   run_dir = pathlib.Path(run_dir)
+  summary = run_dir / report.SUMMARY_JSON
+  recorded = (json.loads(summary.read_text()).get("metric_descriptions", {})
+              if summary.exists() else {})
+  with report.described(recorded):  # What the run's own metrics meant.
+    return _plot_run(run_dir)
+
+
+def _plot_run(run_dir: pathlib.Path) -> list[str]:
   _pyplot()  # A missing matplotlib fails here, before anything is written.
   records = report.read_metrics(run_dir)
   if not records:

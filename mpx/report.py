@@ -22,6 +22,7 @@ Conventions, chosen once here so every experiment reports alike:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -374,29 +375,62 @@ METRIC_DESCRIPTIONS: dict[str, str] = {
     "n_open": "entries the discovered pattern opens",
 }
 VALIDATION_PREFIX = "val_"
-UNDESCRIBED = ("not described (an experiment describes its own metrics with "
-               "mpx.report.describe_metrics)")
+UNDESCRIBED = ("not described (an experiment file says what its metrics mean in its "
+               "METRIC_DESCRIPTIONS)")
+PERCENT_NOTE = "in % (the fraction × 100)"
+_DESCRIBED: list[dict[str, str]] = []  # `described`'s, innermost last.
+
+
+def check_descriptions(descriptions: Mapping[str, str]) -> dict[str, str]:
+  """`descriptions` as a dict, each a non-empty string (else a ValueError naming it)."""
+  if not isinstance(descriptions, Mapping):
+    raise ValueError("METRIC_DESCRIPTIONS must map each metric's name to what it measures, "
+                     "e.g. {'accuracy': 'share of test sequences whose every token is right'}.")
+  for name, text in descriptions.items():
+    if not isinstance(text, str) or not text.strip():
+      raise ValueError(f"the description of metric {name!r} must be a non-empty string.")
+  return dict(descriptions)
+
+
+@contextlib.contextmanager
+def described(descriptions: Mapping[str, str]):
+  """Tables and figures made meanwhile say what `descriptions` says a metric means, over
+  `METRIC_DESCRIPTIONS`: one experiment's `accuracy` need not be another's. `mpx run`
+  applies an experiment file's METRIC_DESCRIPTIONS and keeps them in summary.json, where
+  `mpx plot` finds them."""
+  _DESCRIBED.append(check_descriptions(descriptions))
+  try:
+    yield
+  finally:
+    _DESCRIBED.pop()
 
 
 def describe_metrics(descriptions: Mapping[str, str]) -> None:
-  """Adds your experiment's metrics to `METRIC_DESCRIPTIONS` (call it from its file), so
-  its tables and figures say what they measure. A described metric keeps its description."""
-  for name, text in descriptions.items():
-    if not isinstance(text, str) or not text:
-      raise ValueError(f"the description of metric {name!r} must be a non-empty string.")
+  """Adds descriptions of new metric names to `METRIC_DESCRIPTIONS`, for every run of this
+  process. A name mpx describes already (`accuracy`, `loss`, ...) keeps its meaning here:
+  to say what it means in your run, give your experiment file `METRIC_DESCRIPTIONS =
+  {name: description}`, which applies to its runs alone (`described`)."""
+  for name, text in check_descriptions(descriptions).items():
     if METRIC_DESCRIPTIONS.get(name, text) != text:
-      raise ValueError(f"metric {name!r} already means {METRIC_DESCRIPTIONS[name]!r}; give "
-                       "yours another name.")
+      raise ValueError(f"metric {name!r} already means {METRIC_DESCRIPTIONS[name]!r} in "
+                       "mpx; to say what it means in your run, put it in your experiment "
+                       "file's METRIC_DESCRIPTIONS instead.")
   METRIC_DESCRIPTIONS.update(descriptions)
 
 
 def metric_description(name: str) -> str | None:
   """What metric `name` measures (`METRIC_DESCRIPTIONS`; `val_NAME`, NAME on the
-  validation split); None where nothing describes it."""
-  if name in METRIC_DESCRIPTIONS:
-    return METRIC_DESCRIPTIONS[name]
+  validation split); an experiment's own (`described`) first; None where nothing
+  describes it."""
+  def lookup(key):
+    for descriptions in (*reversed(_DESCRIBED), METRIC_DESCRIPTIONS):
+      if key in descriptions:
+        return descriptions[key]
+    return None
+  if (text := lookup(name)) is not None:
+    return text
   base = name.removeprefix(VALIDATION_PREFIX)
-  if base != name and base in METRIC_DESCRIPTIONS:
+  if base != name and lookup(base) is not None:
     return (f"{base} on the validation split, which is held out of training and read only "
             "by selection")
   return None
@@ -529,8 +563,10 @@ def metric_columns(metric_names: Sequence[str], percent: Iterable[str],
   percent, with_paper = set(percent), set(with_paper)
   out = []
   for m in metric_names:
-    label = column_label(m, m in percent)
-    out.append((label, metric_description(m) or UNDESCRIBED))
+    label, text = column_label(m, m in percent), metric_description(m) or UNDESCRIBED
+    if m in percent:  # Said once, whether or not the description says it too.
+      text = f"{text.removesuffix('(%)').rstrip().rstrip(',;')}; {PERCENT_NOTE}"
+    out.append((label, text))
     if m in with_paper:
       out.append((f"paper {label}", f"the paper's number for {m} ({MISSING} where it "
                                     "gives none)"))

@@ -67,7 +67,8 @@ def test_summary_has_the_persistence_table(tiny_run):
   assert "- 2parity / mask: " in md
   # Both tables open with what their columns mean; every metric of them is described.
   assert md.count("Columns:\n") == 2 and report.UNDESCRIBED not in md
-  assert f"- `accuracy_unseen (%)`: {report.METRIC_DESCRIPTIONS['accuracy_unseen']}\n" in md
+  unseen = report.METRIC_DESCRIPTIONS["accuracy_unseen"]
+  assert f"- `accuracy_unseen (%)`: {unseen}; {report.PERCENT_NOTE}\n" in md
   assert "- `paper accuracy (%)`: the paper's number for accuracy" in md
 
 

@@ -307,6 +307,16 @@ def test_the_own_experiment_file_runs_with_mpx_run(tmp_path, monkeypatch, capsys
   for m in summary["members"]:
     assert 0 <= m["metrics"]["accuracy"] <= 1 and np.isfinite(m["metrics"]["loss"]), m
   assert capsys.readouterr().err.splitlines()[-1] == "summary: runs/neighbours-tiny/summary.md"
+  # Its legend says what its own metrics mean, not what the Boolean family's do.
+  from mpx import report
+  namespace = {}
+  exec(code, namespace)
+  assert summary["metric_descriptions"] == namespace["METRIC_DESCRIPTIONS"]
+  md = (tmp_path / "runs/neighbours-tiny/summary.md").read_text()
+  words = namespace["METRIC_DESCRIPTIONS"]
+  assert f"- `accuracy (%)`: {words['accuracy']}; {report.PERCENT_NOTE}\n" in md
+  assert f"- `loss`: {words['loss']}\n" in md
+  assert report.METRIC_DESCRIPTIONS["accuracy"] not in md
 CONTINUE = "The code blocks of this page continue each other"
 
 

@@ -301,7 +301,8 @@ def test_a_metric_s_figures_say_what_the_summary_s_legend_says(boolean_plots):
                      (drawn["2parity_block_0_fidelity.png"].axes[0], "fidelity")):
     description = " ".join(ax.get_title().splitlines()[1:])
     assert description == report.METRIC_DESCRIPTIONS[metric], metric
-  assert f"- `accuracy (%)`: {report.METRIC_DESCRIPTIONS['accuracy']}\n" in legend
+  accuracy = report.METRIC_DESCRIPTIONS["accuracy"]
+  assert f"- `accuracy (%)`: {accuracy}; {report.PERCENT_NOTE}\n" in legend
 
 
 def test_coinciding_curves_stay_visible(boolean_plots):

@@ -329,7 +329,8 @@ def test_a_table_opens_with_what_each_column_means():
   legend, body = report.format_table(rows, ["accuracy", "loss"], PAPER).split("\n\n")
   header = body.splitlines()[0].strip("| ").split(" | ")
   assert [line.split("`")[1] for line in legend.splitlines()[1:]] == header
-  assert f"- `accuracy (%)`: {report.METRIC_DESCRIPTIONS['accuracy']}\n" in legend
+  accuracy = report.METRIC_DESCRIPTIONS["accuracy"]
+  assert f"- `accuracy (%)`: {accuracy}; {report.PERCENT_NOTE}\n" in legend
   assert "- `paper accuracy (%)`: the paper's number for accuracy (— where" in legend
   assert "- `paper loss`: the paper's number for loss (— where" in legend
   assert report.UNDESCRIBED not in legend
@@ -346,6 +347,26 @@ def test_a_metric_nobody_described_says_so_until_its_experiment_describes_it(mon
     report.describe_metrics({"accuracy": "something else"})
   assert report.metric_description("val_r2").startswith("r2 on the validation split")
   assert report.metric_description("val_unknown") is None
+
+
+def test_an_experiment_says_what_its_own_accuracy_means_for_its_run_alone():
+  """`described` (an experiment file's METRIC_DESCRIPTIONS): its words over mpx's while
+  its run reports, mpx's again after; a description that says "(%)" itself shows the
+  legend's percent note once."""
+  built_in = report.METRIC_DESCRIPTIONS["accuracy"]
+  mine = "share of test sequences whose every token is right (%)"
+  table = lambda: report.format_table(report.summarize(MEMBERS, ["accuracy"]),
+                                      ["accuracy"], {})
+  with report.described({"accuracy": mine}):
+    assert report.metric_description("accuracy") == mine
+    assert report.metric_description("val_accuracy").startswith("accuracy on the validation")
+    assert (f"- `accuracy (%)`: share of test sequences whose every token is right; "
+            f"{report.PERCENT_NOTE}\n") in table()
+  assert report.metric_description("accuracy") == built_in
+  assert f"- `accuracy (%)`: {built_in}; {report.PERCENT_NOTE}\n" in table()
+  with pytest.raises(ValueError, match="metric 'loss' must be a non-empty string"):
+    with report.described({"loss": ""}):
+      pass
 
 
 # ----------------------------------------------------------------------------- progress

@@ -731,6 +731,9 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   # A missing install is named first: before a data path is read (the fingerprint, the
   # groups) or a file written.
   config_lib.check_installed([c for _, configs in variants for c in configs])
+  # What its own metrics mean, for its tables and figures (and summary.json, for later).
+  descriptions = report.check_descriptions(getattr(experiment, "METRIC_DESCRIPTIONS", {}))
+  held.enter_context(report.described(descriptions))
   cfg = variants[0][1][0]
   default_out = f"runs/{config_lib.experiment_stem(experiment)}-{preset}"
   if out_dir is None:
@@ -863,7 +866,8 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   summary = report.write_summary(
       run_dir, experiment=experiment.NAME, preset=preset, members=members,
       paper=experiment.PAPER, metric_names=list(experiment.METRICS),
-      extra_tables=extra or None, extra_json=selection)
+      extra_tables=extra or None,
+      extra_json=selection | ({"metric_descriptions": descriptions} if descriptions else {}))
   push()
   print((run_dir / "summary.md").read_text())
   return dict(summary, **dirs)

@@ -312,7 +312,8 @@ def combined_report(run_dirs: Sequence[str | pathlib.Path]) -> str:
     notes.append("The runs record no criteria (written by an mpx that did not record "
                  "them): chosen by the experiment file's VALIDATION.")
   check_scored(members, criteria, source)
-  table, _ = selection_table(members, hparam, criteria, experiment.METRICS)
+  with report.described(getattr(experiment, "METRIC_DESCRIPTIONS", {})):
+    table, _ = selection_table(members, hparam, criteria, experiment.METRICS)
   folders = "".join(f"- {d}\n" for d in run_dirs)
   said = "".join(f"{n}\n\n" for n in notes)
   return (f"# {config['experiment']} ({config['preset']}): each scheme at its {hparam} "
