@@ -205,3 +205,20 @@ def test_two_processes_load_libtpu_at_once():
   outs = [p.communicate(timeout=300) for p in procs]
   assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
   assert [out.strip() for out, _ in outs] == ["4", "4"]
+
+
+def test_the_command_buffer_variant_s_options_reach_the_gpu_compiler(monkeypatch):
+  """`step_variant=graphs` only sets XLA:GPU options, which XLA applies after the HLO (the
+  program text is plain's, `experiments/results/compile_gpu_variants.md`), and XLA:CPU
+  ignores: a CPU run compares plain with itself. Compiled for an H100 here, the variant
+  compiles, and the same option with a value XLA:GPU does not know is refused, so the
+  option reaches the GPU compiler as given."""
+  overrides = ["tasks=2parity", "seeds=1", "step_variant=graphs"]
+  _, (report,) = aot.compile_experiment(BOOLEAN, "h100:1", preset="tiny",
+                                        overrides=overrides, evaluation=False)
+  assert report.train.error is None and report.train.fusions > 0
+  monkeypatch.setitem(engine.STEP_VARIANTS, "graphs", engine.ChunkOptions(compiler_options=(
+      ("xla_gpu_enable_command_buffer", "FUSION,NOT_A_COMMAND"),)))
+  with pytest.raises(Exception, match="'NOT_A_COMMAND' is not a valid enum value"):
+    aot.compile_experiment(BOOLEAN, "h100:1", preset="tiny", overrides=overrides,
+                           evaluation=False)

@@ -4,7 +4,9 @@ group, each variant's chunk losses against the plain step's.
 The device A/B (`benchmarks/accelerator_check`, stage "ab") makes the same comparison
 before it times a variant; here, on a CPU, the engine's variants (scan unroll; XLA:GPU
 command buffers, whose option names and values XLA checks here too) must agree within
-1e-5 relative, bf16 compute within the tolerance measured for it.
+1e-5 relative, bf16 compute within the tolerance measured for it. XLA:CPU ignores the
+command buffers, so for them this compares the plain step with itself: that their option
+reaches XLA:GPU is tests/test_compile.py's check, what they change only a device shows.
 """
 
 import dataclasses
