@@ -415,6 +415,15 @@ def _jitter(n: int, width: float = 0.3) -> np.ndarray:
   return np.linspace(-width / 2, width / 2, n) if n > 1 else np.zeros(n)
 
 
+def _tick_label(cell: tuple[str, str, str], keys: Sequence[str]) -> str:
+  """A strip's label: its scheme and its values of `keys` (3 digits), one per line; the
+  axis names the keys once, so 8 values of a learning rate side by side stay legible."""
+  hparams = json.loads(cell[2])
+  short = lambda v: (f"{v:.3g}" if isinstance(v, float) else
+                     report.MISSING if v is None else str(v))
+  return "\n".join([cell[1], *(short(hparams.get(k)) for k in keys)])
+
+
 def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
   """Every seed as a point, the mean over the non-diverged seeds as a bar, the paper's
   number as a black tick across it."""
@@ -435,10 +444,11 @@ def _strip_panel(ax, members, varying, task, metric, paper, colors) -> None:
       ax.hlines(scale * value, x - 0.3, x + 0.3, color=PAPER_COLOR, linewidth=2.5, zorder=4)
       with_paper = True
     n_diverged = sum(bool(m["diverged"]) for m in seeds)
-    name = report.cell_label(cell, varying, "\n")
-    ticks.append(f"{name}\nn={len(seeds)}" + (f" ({n_diverged} diverged)" if n_diverged
+    name = _tick_label(cell, varying)
+    ticks.append(f"{name}\nn={len(seeds)}" + (f"\n{n_diverged} diverged" if n_diverged
                                                 else ""))
   ax.set_xticks(range(len(cells)), ticks, fontsize="small")
+  ax.set_xlabel(" / ".join(["scheme", *varying, "seeds"]), fontsize="small")
   if scale == 100.0:
     ax.set_ylim(*PERCENT_LIMITS)
   else:
@@ -475,6 +485,9 @@ def _fidelity_panel(ax, curves, varying, task, colors) -> None:
                fontsize="small")
 
 
+STRIP_INCHES = 0.9  # Per scheme and group of an overview strip: its tick label's width.
+
+
 def overview_figure(summary, records, metric: str, colors: Mapping[str, str]):
   """One row per task: the final `metric` per scheme and group beside the paper's, and,
   where the run recorded it, the prior's fidelity over training."""
@@ -483,10 +496,12 @@ def overview_figure(summary, records, metric: str, colors: Mapping[str, str]):
   varying = _varying(members)
   curves = {t: _fidelity_curves(records, members, t) for t in tasks}
   cols = 2 if any(curves.values()) else 1
-  lines = 2 + max(len(keys) for keys in varying.values())  # Of a strip's tick labels.
+  lines = 4 + max(len(keys) for keys in varying.values())  # A strip's ticks and x label.
   ticks = 0.2 + 0.17 * lines
   titles = max(_title_height(described("", m)) for m in (metric, "fidelity"))
-  fig, axes = subplots(len(tasks), cols, (6.4 * cols, 3.8 * len(tasks)), bottom=0.3 + ticks,
+  cells = max(len({report.cell_key(m) for m in members if m["task"] == t}) for t in tasks)
+  width = max(6.4, STRIP_INCHES * cells)  # Room for each strip's tick labels side by side.
+  fig, axes = subplots(len(tasks), cols, (width * cols, 3.8 * len(tasks)), bottom=0.3 + ticks,
                        top=0.3 + titles, wspace=0.9, hspace=0.2 + titles + ticks)
   for row, task in zip(axes, tasks):
     _strip_panel(row[0], members, varying[task], task, metric, paper, colors)

@@ -139,7 +139,34 @@ def test_strip_panel_points_means_and_paper_ticks():
   assert [c.get_color().tolist() for c in ax.collections
           if isinstance(c, LineCollection)] == [[[0.0, 0.0, 0.0, 1.0]]] * 2  # black.
   labels = [t.get_text() for t in ax.get_xticklabels()]
-  assert labels == ["default\nn=3", "mask\nn=3 (1 diverged)"]
+  assert labels == ["default\nn=3", "mask\nn=3\n1 diverged"]
+  plt.close(fig)
+
+
+@pytest.mark.parametrize("values", [3, 8])
+def test_the_overview_s_tick_labels_do_not_overlap(values):
+  """A learning-rate sweep of up to 8 values and 2 schemes (16 strips, one with a diverged
+  seed): each tick label clear of its neighbours, the swept key named once on the axis."""
+  rates = np.logspace(-4, -1.5, values)
+  members = [{"task": "2parity", "scheme": scheme, "seed": seed,
+              "hparams": dict(HP, learning_rate=float(lr)), "diverged": seed == 2 and i == 0,
+              "metrics": {"accuracy": 0.5 + 0.05 * seed}}
+             for i, lr in enumerate(rates) for scheme in ("default", "mask")
+             for seed in range(3)]
+  summary = {"experiment": "boolean", "preset": "quick", "members": members, "paper": {}}
+  fig = plotting.overview_figure(summary, [], "accuracy", {"default": "C0", "mask": "C1"})
+  renderer = fig.canvas.get_renderer()
+  ax = fig.axes[0]
+  boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels()]
+  assert len(boxes) == 2 * values
+  gaps = [b.x0 - a.x1 for a, b in zip(boxes, boxes[1:])]
+  assert min(gaps) > 0, gaps
+  assert ax.get_xlabel() == "scheme / learning_rate / seeds"
+  assert ax.get_xticklabels()[2].get_text() == f"default\n{rates[1]:.3g}\nn=3"
+  assert ax.get_xticklabels()[0].get_text() == "default\n0.0001\nn=3\n1 diverged"
+  figure = fig.get_window_extent(renderer)  # Every label inside the figure.
+  assert boxes[0].x0 >= figure.x0 and boxes[-1].x1 <= figure.x1
+  assert min(b.y0 for b in boxes) >= figure.y0
   plt.close(fig)
 
 
