@@ -317,6 +317,15 @@ def test_the_own_experiment_file_runs_with_mpx_run(tmp_path, monkeypatch, capsys
   assert f"- `accuracy (%)`: {words['accuracy']}; {report.PERCENT_NOTE}\n" in md
   assert f"- `loss`: {words['loss']}\n" in md
   assert report.METRIC_DESCRIPTIONS["accuracy"] not in md
+  # The page's selection command: each scheme's rate chosen on its validation split.
+  (select,) = [line for line in text.splitlines()
+               if line.startswith("mpx run neighbours.py") and "--select" in line]
+  argv = shlex.split(select.partition("#")[0])[1:] + ["--no-plots", "--out", "selected"]
+  assert cli.main(argv) == 0
+  summary = json.loads((tmp_path / "selected/summary.json").read_text())
+  chosen = {r["scheme"]: r["learning_rate"] for r in summary["selection"]["rows"]}
+  assert set(chosen) == {"default", "mask"} and set(chosen.values()) <= {1e-3, 1e-2}
+  assert all({"val_accuracy", "val_loss"} <= set(m["metrics"]) for m in summary["members"])
 CONTINUE = "The code blocks of this page continue each other"
 
 
