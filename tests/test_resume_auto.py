@@ -279,13 +279,16 @@ def test_sigterm_then_the_same_command_ends_equal(reference, tmp_path, monkeypat
 
 def test_sigterm_while_config_json_is_written_then_the_same_command_ends_equal(reference,
                                                                               tmp_path):
-  """A SIGTERM during the start, before mpx handles it, ends the process as the signal
-  does (143 in a shell), here half way through writing config.json: the file is written
-  whole or not at all, and the identical command then starts the run afresh."""
+  """A SIGTERM during the start, before training's own handler, here half way through
+  writing config.json: the run unwinds (143, one line; its lock released on the way), the
+  file is written whole or not at all, and the identical command then starts the run
+  afresh."""
   out = tmp_path / "run"
   killed = _killed_subprocess("config-write", "SIGTERM", _argv(out))
-  assert killed.returncode == -signal.SIGTERM, killed.stderr[-3000:]
-  assert not (out / "config.json").exists() and (out / "config.json.tmp").exists()
+  assert killed.returncode == run.PREEMPTED_EXIT_CODE, killed.stderr[-3000:]
+  assert killed.stderr.splitlines()[-1].startswith("mpx run: stopped by SIGTERM outside "
+                                                   "training"), killed.stderr[-3000:]
+  assert not (out / "config.json").exists() and not (out / lock.LOCK_FILE).exists()
   assert cli.main(_argv(out)) == 0
   _assert_same_run(reference[0], out)
 
