@@ -295,6 +295,28 @@ def test_a_stale_gs_lock_is_taken_over_by_exactly_one_of_several_writers(bucket)
   assert _objects(url) == []
 
 
+def test_a_gs_lock_taken_over_between_its_read_and_its_age_is_read_again(bucket, monkeypatch):
+  """The interleaving the writers above can meet: the stale record is read, then another
+  writer takes it over before its age is asked. The refusal names the new holder, with
+  its heartbeat's age, not the stale record read before."""
+  url = f"{bucket}/raced"
+  _write_record(url, host="other-host", heartbeat=time.time() + 600, heartbeat_every=0.25)
+  time.sleep(2.5)
+  age, newer = lock._BucketLock.age, []
+
+  def taken_over_first(self, generation):
+    if not newer:
+      newer.append(_write_record(url, host="newer-host"))
+    return age(self, generation)
+
+  monkeypatch.setattr(lock._BucketLock, "age", taken_over_first)
+  with pytest.raises(lock.Locked) as refused:
+    lock.Hold(url, "writer")
+  assert re.match(rf"{url} is being written by pid {newer[0]['pid']} on newer-host .*, "
+                  r"last heartbeat [01] s ago;", str(refused.value)), refused.value
+  (epath.Path(url) / lock.LOCK_FILE).unlink()
+
+
 def test_a_flock_held_from_another_host_says_what_outlives_a_dead_one(tmp_path):
   """Through NFS the flock of another host is held here too, and a dead host's outlives
   it: the line names the host and when the file server lets go, not a pid to kill."""

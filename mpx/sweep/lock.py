@@ -396,14 +396,17 @@ class _BucketLock:
                     "(x-goog-generation); mpx needs it to lock the run folder.")
     return _decode(data) or {}, headers["x-goog-generation"]
 
-  def age(self, generation: str) -> float:
+  def age(self, generation: str) -> float | None:
     """Seconds since the lock object was last written (its generation `generation`), by
-    the bucket's clock: the object's `updated` time against the reply's Date. 0 where the
-    object changed since it was read: its holder has just written it."""
-    headers, body = self.fs.call("GET", "b/{}/o/{}", self.bucket, self.key)
+    the bucket's clock: the object's `updated` time against the reply's Date. None where
+    the object changed (or went) since it was read: what was read is no longer the record."""
+    try:
+      headers, body = self.fs.call("GET", "b/{}/o/{}", self.bucket, self.key)
+    except FileNotFoundError:
+      return None
     meta = json.loads(body)
     if str(meta.get("generation")) != generation:
-      return 0.0
+      return None
     if "Date" not in headers and "date" not in headers:
       raise OSError(f"{self.where}/{LOCK_FILE}: the bucket's reply has no Date; mpx needs "
                     "the bucket's clock to tell a stale lock from a live one.")
@@ -429,6 +432,8 @@ class _BucketLock:
         self.generation = generation
         return None, None
       age = self.age(generation)
+      if age is None:  # Written (a heartbeat, a takeover) or removed since: read it again.
+        continue
       reason = stale_reason(held, age)
       if reason is None:
         raise _locked(self.where, held, age)
