@@ -27,16 +27,17 @@ process is given the same command line (the same --out: process 0 writes the fil
   --port P      coordinator port (default: a free port, picked by binding port 0)
   --grace S     when stopping, the processes get SIGTERM (mpx finishes its chunk and saves
                 a checkpoint), and SIGKILL if still running S seconds later (default 60)
-  --restarts R  when a process exits with status 143 (SIGTERM: mpx saved a checkpoint) or
-                137 (SIGKILL), the others are stopped and all N are started again with the
-                same command, at most R times (default 3; 0: never). Give mpx run
+  --restarts R  when a process exits with status 143 (SIGTERM: mpx saved a checkpoint),
+                137 (SIGKILL) or 69 (storage unavailable past mpx's own retries), the
+                others are stopped and all N are started again with the same command, at
+                most R times (default 3; 0: never). Give mpx run
                 --resume=auto, so that the same command continues the run
   --dry-run     print each process's environment and command line instead of running them
   -h, --help    this text
 
 Each process's output (stdout and stderr) goes to the terminal, every line prefixed "[i] ".
 The script waits for all of them; when one fails it stops the others and exits with the
-failed process's status (after --restarts, for 143 and 137). Status 75 (another process is
+failed process's status (after --restarts, for 143, 137 and 69). Status 75 (another process is
 writing the run folder; mpx read and wrote nothing) is never restarted: local.sh does not
 start a second writer; run the same command once that process has ended. Ctrl-C (or
 SIGTERM) stops them all the same way and is never restarted (exit 130 or 143; then run the
@@ -99,7 +100,7 @@ process_env() {  # the environment of process $1, as NAME=VALUE words
 }
 
 if ((dry_run)); then
-  echo "# local.sh: $num processes, coordinator localhost:$port, $devices CPU devices each; on exit status 143 or 137 all are started again, at most $restarts times"
+  echo "# local.sh: $num processes, coordinator localhost:$port, $devices CPU devices each; on exit status 143, 137 or 69 all are started again, at most $restarts times"
   for ((i = 0; i < num; i++)); do
     env_words=()
     while IFS= read -r word; do env_words+=("$word"); done < <(process_env "$i")
@@ -153,7 +154,7 @@ for ((i = 1; i <= $#; i++)); do
     --out) next=$((i + 1)); out=${!next:-} ;;
   esac
 done
-say "$num processes x $devices CPU devices$([[ -z $out ]] || echo ", run folder $out"); restarts on exit status 143 or 137: at most $restarts"
+say "$num processes x $devices CPU devices$([[ -z $out ]] || echo ", run folder $out"); restarts on exit status 143, 137 or 69: at most $restarts"
 
 start_all() {  # $1: the start's number; all N processes, with their output prefixed
   # Each process is started as its own job (set -m: its own process group), so stopping it
@@ -209,14 +210,14 @@ command=("$@")
 for ((start = 0; ; start++)); do
   start_all "$start"
   wait_all
-  if ((status != 143 && status != 137 || signalled || start >= restarts)); then
+  if ((status != 143 && status != 137 && status != 69 || signalled || start >= restarts)); then
     break
   fi
-  say "restart $((start + 1)) of at most $restarts after exit status $status (143: SIGTERM, checkpoint saved; 137: killed): the same command again"
+  say "restart $((start + 1)) of at most $restarts after exit status $status (143: SIGTERM, checkpoint saved; 137: killed; 69: storage unavailable): the same command again"
   stopping=0 status=0 pids=() finished=() prefixers=()
   pick_port
 done
-if ((status == 143 || status == 137)) && ((!signalled && restarts > 0)); then
+if ((status == 143 || status == 137 || status == 69)) && ((!signalled && restarts > 0)); then
   say "stopped with status $status after $restarts restarts (--restarts); run the same command again to continue"
 elif ((status == 75)); then
   say "the run folder is being written by another process (exit status 75; mpx's line above names it): not started again, so as not to start a second writer. Let that process end (or stop it), then run the same command: it continues the run"

@@ -51,10 +51,11 @@ subcommands:
   watch     until the run is done: create the slice if it is missing, install and run; then
             every --interval seconds check the slice and the job; a preempted or vanished
             slice is deleted, created, installed and run again (a failed create is tried
-            again), a job that stopped with 143 (preempted) or 137 (killed), or was
-            refused with 75 (another process writes the run folder: tried again every
-            --interval seconds, never beside it) is run again, at most --max-restarts
-            times in all (then exit 4); when every worker exited 0, fetch. A job that
+            again), a job that stopped with 143 (preempted), 137 (killed) or 69 (storage
+            unavailable past mpx's retries), or was refused with 75 (another process
+            writes the run folder: tried again every --interval seconds, never beside it)
+            is run again, at most --max-restarts times in all (then exit 5, a status of
+            its own); when every worker exited 0, fetch. A job that
             failed otherwise (1 failed, 2 error, 3 refused) ends the watch with its
             status. Run it where it outlives
             your terminal: `nohup bash launch/tpu_pod.sh watch -- ... > watch.log 2>&1 &`
@@ -413,9 +414,9 @@ job_state() {  # from every worker's status line: running, done, restart, locked
     return
   fi
   local failed
-  failed=$(grep -oE '^exited [0-9]+$' <<<"$states" | grep -vE ' (0|75|137|143)$' | head -n 1 | cut -d' ' -f2 || true)
-  if grep -qE '^(killed|exited 137|exited 143)$' <<<"$states"; then
-    echo restart  # a preempted or killed process explains its peers' failures
+  failed=$(grep -oE '^exited [0-9]+$' <<<"$states" | grep -vE ' (0|69|75|137|143)$' | head -n 1 | cut -d' ' -f2 || true)
+  if grep -qE '^(killed|exited 137|exited 143|exited 69)$' <<<"$states"; then
+    echo restart  # a preempted or killed process (or a passing storage fault) explains its peers' failures
   elif grep -q '^exited 75$' <<<"$states"; then
     echo locked  # another process writes the run folder: mpx read and wrote nothing
   elif [[ -n $failed ]]; then
@@ -457,7 +458,7 @@ step_watch() {
     restarts=$((restarts + 1))
     if ((restarts > max_restarts)); then
       say "$1, and $max_restarts restarts are done (--max-restarts): stopping here. The run folder keeps every checkpoint; see the logs (bash launch/tpu_pod.sh logs, or $MPX_OUT/logs/), then run watch again to continue"
-      exit 4
+      exit 5  # Not 4 (mpx's storage fault): the launcher gave up, the run did not fail.
     fi
     say "$1: restart $restarts of at most $max_restarts"
   }
@@ -516,7 +517,7 @@ step_watch() {
         if [[ $job == locked ]]; then
           restart "the run folder is being written by another process (exit status 75: its holder is named in the log, bash launch/tpu_pod.sh logs); trying again, never beside it"
         else
-          restart "the job stopped (preempted or killed) on a worker"
+          restart "the job stopped (preempted, killed, or storage unavailable: exit status 69) on a worker"
         fi
         # In processes of their own: a failed ssh (a slice going down) is checked again.
         again --grace "$grace" stop || say "stopping the job failed (above); starting it anyway"

@@ -47,8 +47,9 @@ import json
 import logging
 import os
 import re
+import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import jax
 import numpy as np
@@ -83,6 +84,12 @@ class DamagedCheckpoint(StorageError):
     self.directory, self.step = directory, step
 
 
+class StorageUnavailable(StorageError):
+  """The storage failed in a way that passes (`transient_cause`) for longer than mpx
+  retries it: the same command later continues the run (`mpx run` exits 69, which the
+  launchers retry); nothing about the storage needs fixing."""
+
+
 # Errors of the storage itself, by errno (Python's own file writes and reads).
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM,
                             errno.EROFS, errno.EIO, errno.EFBIG})
@@ -94,6 +101,13 @@ _DAMAGE_STATUS = frozenset({"DATA_LOSS", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PR
 _STORAGE_STATUS = _DAMAGE_STATUS | {"RESOURCE_EXHAUSTED", "PERMISSION_DENIED",
                                     "UNAUTHENTICATED", "UNAVAILABLE", "DEADLINE_EXCEEDED",
                                     "ABORTED", "INTERNAL", "UNKNOWN"}
+# What passes: a store out of reach for a while, not one that refuses or is full.
+_TRANSIENT_STATUS = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "INTERNAL",
+                               "UNKNOWN"})
+_TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})  # gcsfs's HttpError codes.
+RETRY_ENV = "MPX_STORAGE_RETRY_S"  # How long a passing storage fault is retried (seconds).
+RETRY_S = 600.0  # Its default: past a bucket's usual outages, short of a lost job.
+T = TypeVar("T")
 _PAYLOAD = re.compile(r"\s*\[\w+='[^']*'\]")  # tensorstore's [tensorstore_spec='...'] etc.
 
 
@@ -126,19 +140,83 @@ def storage_cause(error: BaseException) -> str | None:
   return f"{status}: {detail.removeprefix(status + ': ')}{where}"
 
 
+def transient_cause(error: BaseException) -> str | None:
+  """One line saying why the storage failed in a way a later try may not, or None: a
+  bucket's 408/429/5xx answer or dropped connection (after the client library's own
+  retries), a timeout, an I/O error (what gcsfuse reports for a network failure), or a
+  tensorstore status of the same kind."""
+  if isinstance(error, TimeoutError):
+    return f"timed out{f' ({error})' if str(error) else ''}"
+  if isinstance(error, OSError) and error.errno == errno.EIO:
+    return os.strerror(errno.EIO) + (f": {error.filename}" if error.filename else "")
+  module, name = type(error).__module__, type(error).__name__
+  if module.startswith("gcsfs") and name == "HttpError":
+    code = getattr(error, "code", None)
+    return f"HTTP {code} {str(error).removesuffix(f', {code}')}" if code in _TRANSIENT_HTTP else None
+  if module.startswith("aiohttp") and any(c.__name__ == "ClientConnectionError"
+                                          for c in type(error).__mro__):
+    return f"{name}: {error}" if str(error) else name
+  if _status(error) in _TRANSIENT_STATUS or "[os_error_code='5']" in str(error):
+    return storage_cause(error) or _status(error)
+  return None
+
+
+def retry_budget() -> float:
+  """MPX_STORAGE_RETRY_S (default RETRY_S), checked."""
+  value = os.environ.get(RETRY_ENV, str(RETRY_S))
+  try:
+    budget = float(value)
+  except ValueError:
+    budget = -1.0
+  if not budget >= 0:
+    raise ValueError(f"{RETRY_ENV}={value!r}: give the seconds a passing storage fault is "
+                     f"retried for, a number >= 0 (default {RETRY_S:.0f}).")
+  return budget
+
+
+def retrying(what: str, call: Callable[[], T], where: str) -> T:
+  """`call()`, tried again with backoff (1, 2, 4 ... 30 s) while it fails in a way that
+  passes (`transient_cause`), for up to `retry_budget()` seconds; then
+  `StorageUnavailable`. `what` (e.g. "uploading the run's files") and `where`
+  (its path or URL) go into the one line said when it first fails and the one said when
+  it is through. `call` must be safe to repeat."""
+  budget, start, delay, said = retry_budget(), time.monotonic(), 1.0, None
+  while True:
+    try:
+      result = call()
+    except Exception as e:
+      cause = transient_cause(e)
+      if cause is None:
+        raise
+      waited = time.monotonic() - start
+      if waited + delay > budget:
+        raise StorageUnavailable(
+            f"{what} {where} failed for {waited:.0f} s, retried ({cause})", path=where,
+            cause=cause) from e
+      if said is None:
+        said = cause
+        print(f"mpx: {what} {where} failed ({cause}); trying again for up to "
+              f"{budget:.0f} s ({RETRY_ENV})", file=sys.stderr, flush=True)
+      time.sleep(delay)
+      delay = min(2 * delay, 30.0)
+      continue
+    if said is not None:
+      print(f"mpx: {what} {where} went through after {time.monotonic() - start:.0f} s",
+            file=sys.stderr, flush=True)
+    return result
+
+
 def _damage_cause(error: BaseException) -> str | None:
   """Why a finalised step's bytes do not restore, or None where `error` is no damage: a
-  file of it missing, undecodable (bad UTF-8, JSON), a tensorstore read saying so, or an
-  I/O error reading it."""
+  file of it missing, undecodable (bad UTF-8, JSON), or a tensorstore read saying so. An
+  I/O error is no damage: it may pass (`transient_cause`)."""
   if isinstance(error, (UnicodeDecodeError, json.JSONDecodeError)):
     return f"{type(error).__name__}: {error}"
   if isinstance(error, KeyError):  # Orbax: an item folder of the step is missing.
     return f"an item is missing: {error.args[0] if error.args else error}"
   if isinstance(error, FileNotFoundError):
     return f"a file is missing: {error.filename or error}"
-  if isinstance(error, OSError) and error.errno == errno.EIO:
-    return storage_cause(error)
-  if _status(error) in _DAMAGE_STATUS or "[os_error_code='5']" in str(error):
+  if _status(error) in _DAMAGE_STATUS and transient_cause(error) is None:
     return storage_cause(error)
   if isinstance(error, ValueError) and "Error decoding" in str(error):
     # tensorstore's decoding of a damaged b-tree node or manifest, without a status code
@@ -152,12 +230,15 @@ def _damage_cause(error: BaseException) -> str | None:
 
 def _reading(directory: str, step: int, read: Callable[[], Any]) -> Any:
   """`read()` of finalised `step`, its failures as DamagedCheckpoint (the step's bytes)
-  or StorageError (the storage); any other error is raised as it is."""
+  or StorageError (the storage); one that may pass (`transient_cause`: for the caller to
+  retry) and any other error are raised as they are."""
   try:
     return read()
   except StorageError:  # Sorted already (a sum that differs).
     raise
   except Exception as error:  # Orbax and tensorstore raise many types: sorted here.
+    if transient_cause(error) is not None:
+      raise
     damage = _damage_cause(error)
     if damage is not None:  # Its files named within the step's folder.
       damage = damage.replace(os.path.join(directory, str(step), ""), "")
@@ -412,6 +493,7 @@ class Checkpointer:
                                     or not isinstance(max_to_keep, int) or max_to_keep < 1):
       raise ValueError(f"max_to_keep must be an int >= 1 or None (keep all); got {max_to_keep!r}.")
     self.directory = _absolute(directory)
+    self._max_to_keep = max_to_keep
     self._manager = _manager(self.directory, read_only=False, max_to_keep=max_to_keep)
     self._failed = False  # A save failed: closing re-raises its error, already raised.
 
@@ -435,19 +517,35 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return
     state = jax.tree.map(_for_orbax, state)
-    try:
+    path = os.path.join(self.directory, str(step))
+    tries = []
+
+    def write():
+      if tries:  # A failed try leaves Orbax's manager mid-save: a fresh one tries again.
+        with contextlib.suppress(Exception):
+          self._manager.close()
+        self._manager = _manager(self.directory, read_only=False,
+                                 max_to_keep=self._max_to_keep)
+      tries.append(step)
       self._manager.save(step, args=ocp.args.Composite(
-          **{_STATE: _StateSave(state), _CONFIG: _ConfigSave(config)}),
-                         force=True)
+          **{_STATE: _StateSave(state), _CONFIG: _ConfigSave(config)}), force=True)
       self._manager.wait_until_finished()
+
+    try:  # Every process writes its part: one alone cannot try again (`retrying`).
+      (retrying if jax.process_count() == 1 else lambda _, f, __: f())(
+          f"writing checkpoint step {step} to", write, path)
+    except StorageUnavailable:
+      self._failed = True
+      raise
     except Exception as error:  # Orbax and tensorstore raise many types: sorted here.
-      cause = storage_cause(error)
+      transient = transient_cause(error)  # After tensorstore's own retries.
+      cause = transient or storage_cause(error)
       if cause is None:
         raise
       self._failed = True
-      path = os.path.join(self.directory, str(step))
-      raise StorageError(f"writing checkpoint step {step} to {path} failed: {cause}",
-                         path=path, cause=cause) from error
+      raise (StorageUnavailable if transient else StorageError)(
+          f"writing checkpoint step {step} to {path} failed: {cause}", path=path,
+          cause=cause) from error
 
   def all_steps(self) -> list[int]:
     """The finalised steps, oldest first."""

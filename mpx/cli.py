@@ -178,6 +178,7 @@ def jax_version() -> str:
 
 def _draw_plots(summary: dict, plots: bool) -> None:
   """The run's figures (process 0, while the run still holds its folder)."""
+  from mpx import checkpoint
   from mpx.sweep import distributed
   from mpx.sweep import run_folder
   if not distributed.is_primary():  # Process 0 writes the run's files.
@@ -191,7 +192,8 @@ def _draw_plots(summary: dict, plots: bool) -> None:
       print(f"plots: {_plots_line(plotting.plot_run(local_dir), run_dir)}", file=sys.stderr)
     except (ImportError, ValueError) as e:  # The run itself succeeded: say why, exit 0.
       print(f"no plots: {e}", file=sys.stderr)
-    run_folder.push(local_dir, run_dir)  # A gs:// run's plots (nothing for a path).
+    checkpoint.retrying("uploading the run's plots to",  # A gs:// run's (nothing for a path).
+                     lambda: run_folder.push(local_dir, run_dir), run_dir)
   print(f"summary: {run_dir}/summary.md", file=sys.stderr)  # The last line: where to look.
 
 
@@ -204,15 +206,16 @@ def _run_reporting_storage_faults(args) -> int:
   with storage.background_errors_to_log() as errors:
     try:
       return _run_command(args)
-    except OSError as e:
-      if (broken := _half_installed(e)) is not None:  # Outside the run folder: exit 2.
-        print(f"mpx run: error: {broken}", file=sys.stderr)
+    except Exception as e:  # gcsfs's HttpError, e.g., is no OSError.
+      if isinstance(e, OSError) and (broken := _half_installed(e)) is not None:
+        print(f"mpx run: error: {broken}", file=sys.stderr)  # Not the run folder's: exit 2.
         return run_lib.ERROR_EXIT_CODE
       line = storage.fault_line(e, errors, run_lib.again(args.resume))
       if line is None:
         raise
       print(line, file=sys.stderr)
-      return run_lib.STORAGE_EXIT_CODE
+      return (storage.UNAVAILABLE_EXIT_CODE if line.startswith(storage.UNAVAILABLE)
+              else run_lib.STORAGE_EXIT_CODE)
 
 
 def _plot_command(args) -> int:
@@ -402,7 +405,11 @@ exit status:
        none of whose checkpoints restores (one line: the path, the cause, the log of the
        libraries' thread errors); fix it, then run the same command again. A damaged
        newest checkpoint alone (its sums differ, or it does not restore) is no fault: it
-       is set aside, the run resumes from the newest one that verifies
+       is set aside, the run resumes from the newest one that verifies (read twice: a
+       read that fails once is retried, not counted)
+  69   storage unavailable: a fault that may pass (a bucket's 503s, a timeout, an I/O
+       error) outlasted MPX_STORAGE_RETRY_S seconds of retries (default 600); run the
+       same command later: it continues from the last checkpoint (the launchers do)
   75   locked: another process is writing the run directory (its host, pid, start and
        command are named); nothing was read or written. Run the same command once it has
        ended (a lock whose process died is taken over: see docs/sweeps.md). Also a run

@@ -9,8 +9,10 @@ gcsfs (STORAGE_EMULATOR_HOST): the two routes a real bucket takes. Use as a fixt
 import functools
 import os
 import socket
+import socketserver
 import sys
-from http import HTTPStatus
+import threading
+from http import HTTPStatus, server as http_server
 
 import pytest
 
@@ -45,7 +47,7 @@ def _writes_keep_their_preconditions():
   """GCS refuses a write or delete whose `ifGenerationMatch` is not the object's generation
   (0: absent) with 412 Precondition Failed; the emulator ignores the parameter. The run
   folder's lock relies on it: uploads and deletes of the emulator's routes check it (one
-  request at a time: the emulator serves requests in turn, so the check is atomic)."""
+  request at a time, `_requests_one_at_a_time`, so the check is atomic)."""
   from gcp_storage_emulator import server as emulator
   from gcp_storage_emulator.exceptions import NotFound
   from gcp_storage_emulator.handlers import objects
@@ -76,21 +78,60 @@ def _writes_keep_their_preconditions():
         handlers[method] = with_precondition(handler, key_of)
 
 
+class _Server(socketserver.ThreadingMixIn, http_server.HTTPServer):
+  """The emulator's server, accepting every connection at once (a thread each) and
+  answering one request at a time. Its own server accepts one connection at a time with a
+  backlog of 5 and no read timeout: a client connection that stalls (or one of a burst of
+  concurrent ones dropped from the full backlog) held every other request, and a test
+  hung in a storage call with both sides idle."""
+  daemon_threads = True
+  request_queue_size = 256
+  timeout_s = 60  # A connection that sends nothing for this long is closed, not waited on.
+
+  def finish_request(self, request, client_address):
+    request.settimeout(self.timeout_s)
+    super().finish_request(request, client_address)
+
+  def handle_error(self, request, client_address):
+    if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+      super().handle_error(request, client_address)  # Early hang-ups are no error.
+
+
+def _requests_one_at_a_time():
+  """Routes each request under one lock: the preconditions above check, then write."""
+  from gcp_storage_emulator import server as emulator
+  if getattr(emulator.Router.handle, "serial", False):
+    return
+  handle, lock = emulator.Router.handle, threading.Lock()
+
+  def serial(self, method):
+    with lock:
+      handle(self, method)
+  serial.serial = True
+  emulator.Router.handle = serial
+
+
+def _serve(api):
+  """`APIThread.run` with `_Server`."""
+  from gcp_storage_emulator import server as emulator
+  api._httpd = _Server((api._host, api._port),
+                       functools.partial(emulator.RequestHandler, api._storage))
+  api.is_running.set()
+  api._httpd.serve_forever()
+
+
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory):
   from gcp_storage_emulator.server import create_server
   _object_reads_say_their_generation()
   _writes_keep_their_preconditions()
+  _requests_one_at_a_time()
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
   server = create_server("localhost", port, in_memory=True, default_bucket=BUCKET)
+  server._api.run = functools.partial(_serve, server._api)
   server.start()
-  httpd = server._api._httpd  # Clients that hang up early are no error worth a traceback.
-  report = httpd.handle_error
-  httpd.handle_error = lambda request, address: (
-      None if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError))
-      else report(request, address))
   url = f"http://localhost:{port}"
   env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
          "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",

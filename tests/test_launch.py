@@ -600,6 +600,23 @@ def test_local_never_restarts_a_locked_run_folder(tmp_path):
   assert "not started again, so as not to start a second writer" in result.stderr
 
 
+def test_local_restarts_a_run_whose_storage_stayed_unavailable(tmp_path):
+  """Exit status 69 (a storage fault that may pass outlasted mpx's retries) is restarted as
+  143 is: every process again with the same command, at most --restarts times."""
+  code = ("import os, pathlib, sys\n"
+          f"starts = pathlib.Path({str(tmp_path / 'starts')!r})\n"
+          "with starts.open('a') as f:\n"
+          "  f.write(os.environ['MPX_PROCESS_ID'])\n"
+          "sys.exit(69 if len(starts.read_text()) <= 2 and os.environ['MPX_PROCESS_ID'] == '0'"
+          " else 0)")
+  result = _script("local.sh", "2", "--restarts", "1", "--", sys.executable, "-c", code,
+                   env=_env(tmp_path))
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert len((tmp_path / "starts").read_text()) == 4  # Both processes, twice.
+  assert ("restart 1 of at most 1 after exit status 69 (143: SIGTERM, checkpoint saved; 137: "
+          "killed; 69: storage unavailable)") in result.stderr
+
+
 def test_local_processes_join_jax_distributed(tmp_path):
   """The variables local.sh sets are enough for jax.distributed: 2 processes x 2 CPU devices."""
   code = (

@@ -567,7 +567,7 @@ def test_pod_watch_stops_at_the_restart_limit_and_on_a_failure(pod, tmp_path):
   (root / "hold-3").touch()
   result = pod("watch", "--interval", "0", "--max-restarts", "0", *ARGS,
                events=[{"at_steps": 3, "state": {"node": "PREEMPTED"}, "kill": True}])
-  assert result.returncode == 4, result.stderr[-3000:]
+  assert result.returncode == 5, result.stderr[-3000:]  # Not mpx's 4 (a storage fault).
   assert "0 restarts are done (--max-restarts): stopping here" in result.stderr
   assert _verbs(root).count("tpu-vm create") == 1
   (root / "exit-3").write_text("5")  # mpx refuses (another run in the folder): no restart.
@@ -583,6 +583,18 @@ def test_pod_watch_stops_at_the_restart_limit_and_on_a_failure(pod, tmp_path):
   assert result.returncode == 3, result.stderr[-3000:]
   assert "no job on the slice: installing and starting it" in result.stderr
   assert "the job failed with status 3" in result.stderr and "restart 1" not in result.stderr
+
+
+def test_pod_watch_runs_a_job_whose_storage_stayed_unavailable_again(pod):
+  """Exit 69 on a worker (a storage fault that may pass outlasted mpx's retries): watch
+  stops the job and runs it again, as after a preemption, counted in --max-restarts."""
+  root = pod.root
+  (root / "exit-69").write_text("1")  # Worker 0's storage fails past its retries, once.
+  result = pod("watch", "--interval", "0", *ARGS, events=[])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("the job stopped (preempted, killed, or storage unavailable: exit status 69) on a "
+          "worker: restart 1 of at most 10") in result.stderr
+  assert len(_starts(root)) == 4 and len(set(_starts(root))) == 1
 
 
 def test_pod_watch_runs_a_locked_job_again(pod):

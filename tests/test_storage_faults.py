@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from http import HTTPStatus
 
 import pytest
@@ -105,6 +106,42 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_ends_equal(referen
   _assert_same_run(reference, out)
   # The earlier run's event file is replaced by the resumed run's, as in a bucket (below).
   assert len(_event_files(out)) == 1 and _event_files(out) != _event_files(reference)
+
+
+@pytest.mark.parametrize("first_read", [
+    OSError(errno.EIO, os.strerror(errno.EIO)),  # What gcsfuse says for a network failure.
+    "a file is missing: state/d/x",  # A read that found damage, as `_reading` says it.
+])
+def test_a_read_that_fails_once_sets_nothing_aside(reference, tmp_path, capsys, monkeypatch,
+                                                   first_read):
+  """The newest checkpoint's first read fails (an I/O error: retried as a fault that
+  passes; a file not found: read again, since damage must fail twice); the second read
+  restores it, so nothing is set aside and the run resumes from it."""
+  out = tmp_path / "run"
+  shutil.copytree(reference, out)
+  check_intact, failed = checkpoint.check_intact, []
+
+  def failing_once(directory, step, **kwargs):
+    if not failed and epath.Path(directory).name == "toy_b" and step == 8:
+      failed.append(step)
+      if isinstance(first_read, str):
+        raise checkpoint.DamagedCheckpoint(directory, step, first_read)
+      raise first_read
+    return check_intact(directory, step, **kwargs)
+
+  monkeypatch.setattr(checkpoint, "check_intact", failing_once)
+  assert cli.main(_argv(out)) == 0
+  err = capsys.readouterr().err
+  assert failed and "(resuming: toy_a from step 8, toy_b from step 8)" in err, err[-3000:]
+  assert "does not restore" not in err
+  if isinstance(first_read, str):
+    assert "trying again" not in err
+  else:
+    assert re.search(r"^mpx: reading checkpoint \S+/toy_b/8 failed \(Input/output error\); "
+                     r"trying again for up to 600 s", err, re.M), err[-3000:]
+  for group in ("toy_a", "toy_b"):
+    assert checkpoint.all_steps(out / "checkpoints" / group) == [4, 8]
+  _assert_same_run(reference, out)
 
 
 def test_checkpoints_without_sums_resume_and_say_so_once(reference, tmp_path, capsys):
@@ -289,6 +326,82 @@ def test_a_bucket_refusing_a_checkpoint_ends_in_one_line(bucket, capfd):
                   r"toy_a/4 failed: (Forbidden|PERMISSION_DENIED): .*; fix the storage .*, "
                   r"then continue with the same command", last), last
   assert "Traceback" not in err and "mpx run:" not in err[:err.rindex(last)], err
+
+
+@contextlib.contextmanager
+def _outage(seconds: float, starts_at: str):
+  """From the first upload whose object name contains `starts_at`, for `seconds`, the
+  emulator answers 503 Service Unavailable to every upload (gcsfs's and tensorstore's);
+  yields the list the window's [start, end] goes into."""
+  from gcp_storage_emulator import server as emulator
+  from gcp_storage_emulator.handlers import objects
+  window = []
+
+  def failing(upload):
+    def unavailable(request, response, storage, *args, **kwargs):
+      names = request.query.get("name", []) + [request.path]
+      if not window and any(starts_at in name for name in names):
+        window.extend([time.monotonic(), time.monotonic() + seconds])
+      if window and time.monotonic() < window[1]:
+        response.status = HTTPStatus.SERVICE_UNAVAILABLE
+        response.json({"error": {"code": 503, "message": "the bucket is unavailable"}})
+        return None
+      return upload(request, response, storage, *args, **kwargs)
+    return unavailable
+
+  replaced = [(handlers, method, handlers[method]) for _, handlers in emulator.HANDLERS
+              for method in (emulator.POST, emulator.PUT)
+              if inspect.unwrap(handlers.get(method, len)) in (objects.insert,
+                                                               objects.xml_upload)]
+  for handlers, method, upload in replaced:
+    handlers[method] = failing(upload)
+  try:
+    yield window
+  finally:
+    for handlers, method, upload in replaced:
+      handlers[method] = upload
+
+
+@pytest.mark.slow  # 90 s of outage each.
+@pytest.mark.parametrize("starts_at", ["metrics.jsonl", "checkpoints/toy_a/4"])
+def test_a_bucket_outage_longer_than_the_clients_retries_costs_nothing(reference, bucket,
+                                                                      capsys, starts_at):
+  """90 s of 503 to every upload, from the first push of metrics.jsonl (gcsfs gives up
+  after ≈ 35 s, mpx retries on and says so in one line each way) or from the first
+  checkpoint's first upload (tensorstore retries): the run ends bit for bit as the
+  uninterrupted local one."""
+  key = f"runs/outage-{starts_at.partition('.')[0].partition('/')[0]}"
+  out = f"{bucket}/{key}"
+  with _outage(90, f"{key}/{starts_at}") as window:
+    assert cli.main(_argv(out)) == 0
+  err = capsys.readouterr().err
+  assert window and time.monotonic() > window[1], "the outage did not start or end"
+  if starts_at == "metrics.jsonl":
+    tried = [line for line in err.splitlines() if "trying again for up to" in line]
+    assert tried and re.fullmatch(
+        rf"mpx: uploading the run's files to {out} failed \(HTTP 503 .*\); trying "
+        r"again for up to 600 s \(MPX_STORAGE_RETRY_S\)", tried[0]), err[-3000:]
+    assert re.search(rf"mpx: uploading the run's files to {out} went through after "
+                     r"\d+ s", err), err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  _assert_same_run(reference, out)
+
+
+def test_an_outage_past_the_retries_ends_in_one_line_with_69(bucket, capsys, monkeypatch):
+  """A fault that outlasts MPX_STORAGE_RETRY_S: one line, exit status 69 (the launchers run
+  the same command again), no traceback."""
+  out = f"{bucket}/runs/outage-past"
+  monkeypatch.setenv("MPX_STORAGE_RETRY_S", "5")
+  with _outage(3600, "runs/outage-past/metrics.jsonl"):
+    assert cli.main(_argv(out)) == 69
+  err = capsys.readouterr().err
+  last = err.splitlines()[-1]
+  assert re.fullmatch(
+      rf"mpx run: storage unavailable: uploading the run's files to {out} failed for \d+ s, "
+      r"retried \(HTTP 503 .*\); it may pass: the same command later continues the run from "
+      r"its last complete checkpoint \(exit status 69: the launchers try again\)\."
+      r"( Background errors: \S+)?", last), last
+  assert "Traceback" not in err, err[-3000:]
 
 
 # --- what the libraries' threads print -----------------------------------------------------

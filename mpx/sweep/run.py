@@ -474,20 +474,28 @@ def _verdict(directory: epath.Path, step: int) -> tuple[str | None, bool, dict |
   where another process would see the storage otherwise."""
   verdict = None
   if distributed.is_primary():
-    try:
+    def read() -> list:
       summed = checkpoint.verify_sums(directory, step)
-      verdict = [None, summed, checkpoint.check_intact(directory, step, verify=False)]
+      return [None, summed, checkpoint.check_intact(directory, step, verify=False)]
+    read_passing = lambda: checkpoint.retrying("reading checkpoint", read, f"{directory}/{step}")
+    try:
+      try:
+        verdict = read_passing()
+      except checkpoint.DamagedCheckpoint:  # Damaged only where a second read agrees.
+        verdict = read_passing()
     except checkpoint.DamagedCheckpoint as e:
       verdict = [e.cause, False, None]
     except Exception as e:  # The others must not wait for a verdict that never comes.
-      storage = [e.path, e.cause, e.fix] if isinstance(e, checkpoint.StorageError) else None
-      distributed.from_primary({"error": f"{type(e).__name__}: {e}", "storage": storage})
+      storage_fault = ([type(e).__name__, e.path, e.cause, e.fix]
+                       if isinstance(e, checkpoint.StorageError) else None)
+      distributed.from_primary({"error": f"{type(e).__name__}: {e}", "storage": storage_fault})
       raise
   verdict = distributed.from_primary(verdict)
   if isinstance(verdict, dict):  # Process 0 raised: its error here too, in one line.
     if verdict["storage"]:
-      path, cause, fix = verdict["storage"]
-      raise checkpoint.StorageError(verdict["error"], path=path, cause=cause, fix=fix)
+      kind, path, cause, fix = verdict["storage"]
+      error = getattr(checkpoint, kind, checkpoint.StorageError)
+      raise error(verdict["error"], path=path, cause=cause, fix=fix)
     raise RuntimeError(f"process 0 failed checking checkpoint step {step} in {directory}: "
                        f"{verdict['error']}")
   return tuple(verdict)
@@ -793,7 +801,8 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
     keep = lambda r: False  # What a failed start wrote (its step-0 evaluation) goes.
   aside = []  # Process 0 moves the damaged checkpoints before any process restores.
   if primary:
-    run_folder.pull(out, run_dir)
+    checkpoint.retrying("downloading the run's files from", lambda: run_folder.pull(out, run_dir),
+                     out)
     aside = [_set_aside(d, completed) for d in damaged]
     if not resume:
       run_dir.mkdir(parents=True, exist_ok=True)
@@ -817,7 +826,9 @@ def _run_experiment(experiment: types.ModuleType, *, preset, overrides, out_dir,
   final = []
   fence = lock.fence if lock is not None else lambda: None  # Process 0's writes.
   writer = _Fenced(report.MetricsWriter(run_dir, keep=keep), fence) if primary else _NullWriter()
-  push = (lambda: run_folder.push(run_dir, out)) if primary else (lambda: None)
+  push = (lambda: checkpoint.retrying("uploading the run's files to",
+                                   lambda: run_folder.push(run_dir, out), out)
+          ) if primary else (lambda: None)
 
   def before_save():  # Every process: a checkpoint is written by all of them together.
     why = lock.lost() if lock is not None else None

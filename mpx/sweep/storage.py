@@ -2,7 +2,10 @@
 
 A full disk, a denied permission, a bucket refusing a write or checkpoints that do not
 restore end `mpx run` with one line naming the path and the cause (exit status 4, see
-`run.STORAGE_EXIT_CODE`). What Orbax's, tensorstore's and asyncio's background threads
+`run.STORAGE_EXIT_CODE`). A fault that passes (a bucket's 503s, a timeout, an I/O error:
+`checkpoint.transient_cause`) is retried with backoff for up to MPX_STORAGE_RETRY_S
+seconds (`checkpoint.retrying`); one that outlasts it ends the run with exit status 69, which the
+launchers retry. What Orbax's, tensorstore's and asyncio's background threads
 print when a write or a read fails (their tracebacks, "Event loop is closed", absl and
 asyncio ERROR records) says nothing more, and would bury that line: while the command
 runs (`background_errors_to_log`) it is kept in memory and written, at the end, to
@@ -26,7 +29,9 @@ from typing import Iterator
 from mpx import checkpoint
 
 LOG_FILE = "background-errors.log"
-_LOGGERS = ("absl", "asyncio")  # Orbax logs through absl.
+UNAVAILABLE_EXIT_CODE = 69  # sysexits' EX_UNAVAILABLE: try again later (launchers do).
+UNAVAILABLE = "mpx run: storage unavailable: "  # How that exit's line starts.
+_LOGGERS = ("absl", "asyncio", "gcsfs")  # Orbax logs through absl.
 
 
 class BackgroundErrors(logging.Filter):
@@ -145,15 +150,25 @@ def background_errors_to_log() -> Iterator[BackgroundErrors]:
 
 def fault_line(error: BaseException, errors: BackgroundErrors, again: str) -> str | None:
   """The one line a storage fault ends `mpx run` with: the path, the cause, what to do,
-  and the log of the background errors; None where `error` is no storage fault."""
+  and the log of the background errors; None where `error` is no storage fault. A fault
+  that may pass (`StorageUnavailable`, or one no retry caught) starts with UNAVAILABLE."""
+  where = getattr(error, "filename", None) or errors.out or "the run folder"
+  transient = (isinstance(error, checkpoint.StorageUnavailable)
+               or not isinstance(error, checkpoint.StorageError)
+               and checkpoint.transient_cause(error) is not None)
   if isinstance(error, checkpoint.StorageError):
     what, fix = str(error), error.fix
   else:
-    cause = checkpoint.storage_cause(error)
+    cause = checkpoint.transient_cause(error) or checkpoint.storage_cause(error)
     if cause is None:
       return None
-    what, fix = f"{error.filename or errors.out or 'the run folder'}: {cause}", None
-  fix = fix or "fix the storage (free space, permissions)"
+    what, fix = f"{where}: {cause}", None
   log = errors.write()
+  log = f" Background errors: {log}" if log else ""
+  if transient:
+    return (f"{UNAVAILABLE}{what}; it may pass: {again} later continues the run from its last "
+            f"complete checkpoint (exit status {UNAVAILABLE_EXIT_CODE}: the launchers try "
+            f"again).{log}")
+  fix = fix or "fix the storage (free space, permissions)"
   return (f"mpx run: storage fault: {what}; {fix}, then continue with {again} (it resumes "
-          "from the last complete checkpoint)." + (f" Background errors: {log}" if log else ""))
+          f"from the last complete checkpoint).{log}")
