@@ -477,7 +477,7 @@ def test_slurm_dry_run_prints_the_srun_commands(tmp_path):
       "boolean_gotu --preset paper --distributed --out /shared/runs/gotu --resume=auto",
       "# on exit status 75 (another process writes the run directory): srun again every 60 s, "
       "for at most 600 s; then stop",
-      "# on SIGTERM: passed on to srun (mpx saves and exits 143); on exit status 143 or 137, "
+      "# on SIGTERM: passed on to srun (mpx saves and exits 143); on exit status 143, 137 or 69, "
       "while requeued fewer than 10 times:",
       "scontrol requeue 4242",
   ]
