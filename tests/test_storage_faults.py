@@ -387,6 +387,56 @@ def test_a_bucket_outage_longer_than_the_clients_retries_costs_nothing(reference
   _assert_same_run(reference, out)
 
 
+@contextlib.contextmanager
+def _unanswered_once(key: str, seconds: float):
+  """The first read of object `key` gets no answer for `seconds` (a bucket request that
+  hangs); yields the list its start time goes into."""
+  from gcp_storage_emulator import server as emulator
+  hung = []
+
+  def hanging(read):
+    def unanswered(request, response, storage, *args, **kwargs):
+      if not hung and request.params.get("object_id") == key:
+        hung.append(time.monotonic())
+        time.sleep(seconds)
+      return read(request, response, storage, *args, **kwargs)
+    return unanswered
+
+  replaced = [(handlers, handlers[emulator.GET]) for _, handlers in emulator.HANDLERS
+              if emulator.GET in handlers]
+  for handlers, read in replaced:
+    handlers[emulator.GET] = hanging(read)
+  try:
+    yield hung
+  finally:
+    for handlers, read in replaced:
+      handlers[emulator.GET] = read
+
+
+def test_a_bucket_read_that_hangs_times_out_and_is_retried(reference, bucket, capsys,
+                                                           monkeypatch):
+  """A resume whose first read of metrics.jsonl gets no answer: past gcsfs's request
+  timeout (run_folder.REQUEST_TIMEOUT_S; 2 s here) it fails as a timeout, mpx reads again,
+  and the run ends as the uninterrupted local one (without a timeout it waited for ever)."""
+  import fsspec.config
+  from mpx.sweep import run_folder
+  assert fsspec.config.conf["gs"]["requests_timeout"] == run_folder.REQUEST_TIMEOUT_S
+  monkeypatch.setitem(fsspec.config.conf["gs"], "requests_timeout", 2)
+  key = "runs/hung-read"
+  out = f"{bucket}/{key}"
+  for path in reference.rglob("*"):  # The finished run, uploaded.
+    if path.is_file():
+      (epath.Path(out) / path.relative_to(reference)).write_bytes(path.read_bytes())
+  with _unanswered_once(f"{key}/metrics.jsonl", 6) as hung:
+    assert cli.main(_argv(out)) == 0
+  err = capsys.readouterr().err
+  assert hung, "the read was not made"
+  assert re.search(rf"^mpx: downloading the run's files from {out} failed \(timed out.*\); "
+                   r"trying again for up to 600 s", err, re.M), err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  _assert_same_run(reference, out)
+
+
 def test_an_outage_past_the_retries_ends_in_one_line_with_69(bucket, capsys, monkeypatch):
   """A fault that outlasts MPX_STORAGE_RETRY_S: one line, exit status 69 (the launchers run
   the same command again), no traceback."""

@@ -26,9 +26,22 @@ import shutil
 from etils import epath
 
 STAGING_ENV = "MPX_STAGING_DIR"  # Where URL runs stage their files (default below).
+# gcsfs waits for a bucket's answer without a limit: one that never comes would hold the
+# run for ever. Past this many seconds a request fails as a timeout, which mpx retries
+# (`checkpoint.retrying`). Set before any gs:// filesystem is made; a value the user gave
+# fsspec's config ("gs": {"requests_timeout": ...}) wins.
+REQUEST_TIMEOUT_S = 120.0
 _CHECKPOINTS = "checkpoints"
 _MANIFEST = ".mpx-pushed.json"  # In the staging folder: what the last push uploaded.
 _OWN = ".mpx-"  # mpx's own top-level files (the manifest, the run's lock): never copied.
+
+
+def _bounded_requests() -> None:
+  import fsspec.config
+  fsspec.config.conf.setdefault("gs", {}).setdefault("requests_timeout", REQUEST_TIMEOUT_S)
+
+
+_bounded_requests()
 
 
 def is_url(out: str | os.PathLike) -> bool:
