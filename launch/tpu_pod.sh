@@ -36,8 +36,10 @@ subcommands:
             `pip install git+$MPX_REPO` when MPX_REPO is set
   run       start the run on every worker, detached, and return:
               ~/mpx-venv/bin/mpx run EXPERIMENT [ARGS...] --distributed
-                --out /mnt/gcs/BUCKET/PATH --resume=auto
-            after mounting the bucket of MPX_OUT=gs://BUCKET/PATH at /mnt/gcs/BUCKET
+                --out gs://BUCKET/PATH --resume=auto
+            (MPX_OUT as a URL: the run folder's lock is the bucket's object, which keeps
+            out a second writer from any host; a FUSE mount's lock holds on one host),
+            after mounting the bucket at /mnt/gcs/BUCKET (for the logs and datasets)
             (gcsfuse; skipped where it is mounted). --resume=auto: the same command starts
             the run and continues it after any stop. Each worker logs to
             ~/mpx-jobs/STAMP/worker-N.log (N: the worker's number, as --worker=N names it),
@@ -102,7 +104,7 @@ optional:
                     version and dependency versions the workers get (default: python3)
   MPX_REPO          install mpx with pip install git+$MPX_REPO instead of copying this
                     checkout, e.g. MPX_REPO=https://github.com/you/mpx.git@main
-  MPX_EXTRAS        extras of mpx to install, e.g. MPX_EXTRAS=vision (for TFDS datasets)
+  MPX_EXTRAS        extras of mpx to install besides gcs, e.g. MPX_EXTRAS=vision (TFDS)
   MPX_LOG_SYNC      (run) seconds between the copies of the workers' logs to MPX_OUT/logs
                     (default 60)
   MPX_FETCH_DIR     (fetch) local directory to copy the run into (default: runs)
@@ -291,7 +293,7 @@ step_install() {
   local python=${MPX_PYTHON:-python3} jax_version spec extras=""
   jax_version=$("$python" -c 'import importlib.metadata as m; print(m.version("jax"))' 2>/dev/null) \
     || die "MPX_PYTHON=$python has no jax: set MPX_PYTHON to the Python of the environment you run mpx in here, e.g. export MPX_PYTHON=.venv/bin/python (the workers get its jax version)"
-  [[ -z ${MPX_EXTRAS:-} ]] || extras="[$MPX_EXTRAS]"
+  extras="[gcs${MPX_EXTRAS:+,$MPX_EXTRAS}]"  # gcs: the run folder is the gs:// URL itself
   local files=("$build/mpx-constraints.txt" "$build/mpx-worker.sh") script=()
   do_cmd mkdir -p "$build"
   do_cmd "$python" "$repo/launch/tpu_constraints.py" --out "$build/mpx-constraints.txt"
@@ -331,10 +333,10 @@ step_run() {  # (quote leaves a word that starts with ~/ unquoted, for the worke
   local stamp out=$mount_dir/$out_path
   stamp=$(stamp)
   last_stamp=$stamp
-  local command=("~/mpx-venv/bin/mpx" run "$@" --distributed --out "$out" --resume=auto)
+  local command=("~/mpx-venv/bin/mpx" run "$@" --distributed --out "gs://$bucket/$out_path" --resume=auto)
   [[ -z ${TFDS_DATA_DIR:-} ]] || command=(env "TFDS_DATA_DIR=$TFDS_DATA_DIR" "${command[@]}")
   say "run on every worker of $TPU_NAME, detached: $(quote "${command[@]}")"
-  say "run folder $MPX_OUT ($out on the workers); logs ~/mpx-jobs/$stamp/worker-N.log on worker N, copied to $MPX_OUT/logs/$stamp/ every $log_sync s"
+  say "run folder $MPX_OUT (its lock the bucket's object; $out through the workers' mount); logs ~/mpx-jobs/$stamp/worker-N.log on worker N, copied to $MPX_OUT/logs/$stamp/ every $log_sync s"
   say "mpx prints the members, the devices per host and the padding rows first: bash launch/tpu_pod.sh logs --worker 0"
   if ((!helper_copied)); then  # install copied it already
     do_cmd mkdir -p "$build"

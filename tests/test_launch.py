@@ -137,10 +137,11 @@ _TAR = (f"tar -czf {_BUILD}/mpx-src.tar.gz --exclude=./.git '--exclude=./.venv*'
         "--exclude=./build --exclude=./dist --exclude=./runs '--exclude=*.egg-info' "
         f"--exclude=__pycache__ --exclude=.pytest_cache -C {ROOT} .")
 _INSTALL = ("set -e; rm -rf ~/mpx-src && mkdir ~/mpx-src && tar -xzf ~/mpx-src.tar.gz -C ~/mpx-src; "
-            f'bash ~/mpx-worker.sh install "jax[tpu]=={JAX_VERSION}" "$HOME/mpx-src"')
-_OUT = "/mnt/gcs/my-bucket/mpx/boolean_paper"
+            f'bash ~/mpx-worker.sh install "jax[tpu]=={JAX_VERSION}" "$HOME/mpx-src[gcs]"')
+_MOUNT = "/mnt/gcs/my-bucket/mpx/boolean_paper"
+_OUT = "gs://my-bucket/mpx/boolean_paper"  # The run folder: the URL (its lock the bucket's).
 _START = ("env MPX_LOG_SYNC=60 bash ~/mpx-worker.sh start my-bucket /mnt/gcs/my-bucket "
-          f"{_OUT}/logs/STAMP STAMP -- ~/mpx-venv/bin/mpx run boolean_gotu --preset paper "
+          f"{_MOUNT}/logs/STAMP STAMP -- ~/mpx-venv/bin/mpx run boolean_gotu --preset paper "
           f"--distributed --out {_OUT} --resume=auto")
 TPU_CREATE = (f"gcloud compute tpus tpu-vm create mpx-v4-32 {_LOC} --accelerator-type=v4-32 "
               "--version=tpu-ubuntu2204-base")
@@ -187,15 +188,17 @@ def test_tpu_pod_dry_run_all_prints_every_command(tmp_path):
   assert lines[:2] == [
       f"gcloud compute tpus tpu-vm describe mpx-v4-32 {_LOC} '--format=value(acceleratorType)'",
       TPU_PREFLIGHT.replace("--target v4-32", "--target '$ACCELERATOR_TYPE'")]
-  # Spelled out: the install pins jax[tpu] to this environment's jax under its constraints;
-  # the run starts detached (mpx-worker.sh start), mounts the bucket, writes to the mount
-  # (not to the gs:// URL), and is start-or-resume.
+  # Spelled out: the install pins jax[tpu] to this environment's jax under its constraints
+  # (mpx with its gcs extra); the run starts detached (mpx-worker.sh start), mounts the
+  # bucket (logs, datasets), writes the run folder through its gs:// URL (so its lock is the
+  # bucket's object, which keeps a second writer out from any host), and is start-or-resume.
   run = shlex.split(lines[-1])[-1]
   assert run.startswith("env MPX_LOG_SYNC=60 bash ~/mpx-worker.sh start my-bucket /mnt/gcs/my-bucket ")
-  assert run.endswith(f" --out {_OUT} --resume=auto") and "gs://" not in run
+  assert run.endswith(f" --out {_OUT} --resume=auto")
   # What it says before starting: the run folder, the logs, where mpx prints its plan.
-  assert ("run folder gs://my-bucket/mpx/boolean_paper (/mnt/gcs/my-bucket/mpx/boolean_paper "
-          "on the workers); logs ~/mpx-jobs/") in err
+  assert ("run folder gs://my-bucket/mpx/boolean_paper (its lock the bucket's object; "
+          "/mnt/gcs/my-bucket/mpx/boolean_paper through the workers' mount); logs "
+          "~/mpx-jobs/") in err
   assert "the devices per host and the padding rows first" in err
 
 
@@ -260,8 +263,8 @@ def test_tpu_pod_dry_run_options(tmp_path):
                       f"{_BUILD}/mpx-worker.sh 'mpx-v4-32:~/' --worker=all {_LOC}")
   assert shlex.split(lines[5])[-1] == (
       f'set -e; bash ~/mpx-worker.sh install "jax[tpu]=={JAX_VERSION}" '
-      '"mpx[vision] @ git+https://x.org/mpx.git"')
-  out = "'/mnt/gcs/my-bucket/mpx/my run'"
+      '"mpx[gcs,vision] @ git+https://x.org/mpx.git"')
+  out = "'gs://my-bucket/mpx/my run'"
   assert shlex.split(lines[6])[-1] == (
       "env MPX_LOG_SYNC=30 bash ~/mpx-worker.sh start my-bucket /mnt/gcs/my-bucket "
       "'/mnt/gcs/my-bucket/mpx/my run/logs/STAMP' STAMP -- "
@@ -303,6 +306,7 @@ def test_tpu_pod_worker_commands_install_mount_and_run(tmp_path):
   install = shlex.split(_dry("install", env=env)[0][-1])[-1]
   run = shlex.split(_dry("run", "--", "boolean_gotu", "--preset", "paper", env=env)[0][-1])[-1]
   run = run.replace("/mnt/gcs", str(tmp_path / "gcs")).replace("STAMP", "20250101T000000Z")
+  run = run.replace("gs://", f"{tmp_path}/gcs/")  # The stub mpx writes through the "mount".
   home, log, tools = tmp_path / "home", tmp_path / "log", tmp_path / "tools"
   home.mkdir()
   shutil.copy(LAUNCH / "tpu_worker.sh", home / "mpx-worker.sh")
@@ -342,7 +346,7 @@ def test_tpu_pod_worker_commands_install_mount_and_run(tmp_path):
   rc, calls = worker(install, tools)  # no gcsfuse yet: from apt; the venv built
   assert rc == 0 and ("sudo", "apt-get") in calls and ("uv", "pip") in calls, (calls, stderr)
   pip = next(line for line in log.read_text().splitlines() if line.startswith("uv pip"))
-  assert pip.endswith(f" -c {home}/mpx-constraints.txt jax[tpu]=={JAX_VERSION} {home}/mpx-src")
+  assert pip.endswith(f" -c {home}/mpx-constraints.txt jax[tpu]=={JAX_VERSION} {home}/mpx-src[gcs]")
   rc, calls = worker(install, tools, with_gcsfuse)  # nothing changed: no apt, no uv
   assert rc == 0 and ("sudo", "apt-get") not in calls and ("uv", "venv") not in calls, calls
   (home / "mpx-constraints.txt").write_text(f"jax=={JAX_VERSION}\nnumpy==2.0.0\n")

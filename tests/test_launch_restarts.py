@@ -329,7 +329,8 @@ elif verb == "ssh":
     print("ERROR: the TPU is not READY", file=sys.stderr)
     sys.exit(1)
   which = option("--worker")
-  command = args[args.index("--command") + 1].replace("/mnt/gcs", str(root / "gcs"))
+  command = args[args.index("--command") + 1].replace("/mnt/gcs", str(root / "gcs")).replace(
+      "gs://", str(root / "gcs") + "/")  # The run folder: a URL, through the same "bucket".
   status = 0
   for i in range(config["workers"]) if which == "all" else [int(which)]:
     env = dict(os.environ, HOME=str(workers / str(i)), MPX_WORKER_ID=str(i),
