@@ -531,9 +531,11 @@ class Checkpointer:
           **{_STATE: _StateSave(state), _CONFIG: _ConfigSave(config)}), force=True)
       self._manager.wait_until_finished()
 
-    try:  # Every process writes its part: one alone cannot try again (`retrying`).
-      (retrying if jax.process_count() == 1 else lambda _, f, __: f())(
-          f"writing checkpoint step {step} to", write, path)
+    try:
+      if jax.process_count() == 1:
+        retrying(f"writing checkpoint step {step} to", write, path)
+      else:  # Every process writes its part: one alone cannot try again.
+        write()
     except StorageUnavailable:
       self._failed = True
       raise

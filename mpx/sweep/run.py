@@ -61,6 +61,9 @@ INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports Ctrl-C.
 # a group none of which restores (one line naming the path and the cause; nothing is
 # retried: fix it, then run the same command again).
 STORAGE_EXIT_CODE = 4
+# 69 storage unavailable: a fault that may pass (a bucket's 503s, a timeout, an I/O error)
+# outlasted MPX_STORAGE_RETRY_S seconds of retries (`checkpoint.retrying`); the same
+# command later continues the run, and the launchers give it (`storage.UNAVAILABLE_EXIT_CODE`).
 RESUME_AUTO = "auto"  # `--resume=auto`: start, or continue the same run.
 
 
