@@ -285,12 +285,27 @@ def test_a_damaged_newest_checkpoint_in_a_bucket_is_set_aside(reference, bucket,
 
 
 @contextlib.contextmanager
+def _uploads_through(wrap):
+  """The emulator's upload routes (gcsfs's and tensorstore's) replaced by `wrap(route)`
+  meanwhile."""
+  from gcp_storage_emulator import server as emulator
+  from gcp_storage_emulator.handlers import objects
+  replaced = [(handlers, method, handlers[method]) for _, handlers in emulator.HANDLERS
+              for method in (emulator.POST, emulator.PUT)
+              if inspect.unwrap(handlers.get(method, len)) in (objects.insert,
+                                                               objects.xml_upload)]
+  for handlers, method, upload in replaced:
+    handlers[method] = wrap(upload)
+  try:
+    yield
+  finally:
+    for handlers, method, upload in replaced:
+      handlers[method] = upload
+
+
 def _refusing_checkpoint_writes():
   """The emulator answers 403 Forbidden to every upload into checkpoints/ (a bucket whose
   policy lets the run write its other files, not its checkpoints)."""
-  from gcp_storage_emulator import server as emulator
-  from gcp_storage_emulator.handlers import objects
-
   def refusing(upload):
     def refuse_checkpoints(request, response, storage, *args, **kwargs):
       if any("/checkpoints/" in name for name in request.query.get("name", [])):
@@ -299,18 +314,7 @@ def _refusing_checkpoint_writes():
         return None
       return upload(request, response, storage, *args, **kwargs)
     return refuse_checkpoints
-
-  replaced = [(handlers, method, handlers[method]) for _, handlers in emulator.HANDLERS
-              for method in (emulator.POST, emulator.PUT)
-              if inspect.unwrap(handlers.get(method, len)) in (objects.insert,
-                                                               objects.xml_upload)]
-  for handlers, method, upload in replaced:
-    handlers[method] = refusing(upload)
-  try:
-    yield
-  finally:
-    for handlers, method, upload in replaced:
-      handlers[method] = upload
+  return _uploads_through(refusing)
 
 
 def test_a_bucket_refusing_a_checkpoint_ends_in_one_line(bucket, capfd):
@@ -333,8 +337,6 @@ def _outage(seconds: float, starts_at: str):
   """From the first upload whose object name contains `starts_at`, for `seconds`, the
   emulator answers 503 Service Unavailable to every upload (gcsfs's and tensorstore's);
   yields the list the window's [start, end] goes into."""
-  from gcp_storage_emulator import server as emulator
-  from gcp_storage_emulator.handlers import objects
   window = []
 
   def failing(upload):
@@ -349,17 +351,8 @@ def _outage(seconds: float, starts_at: str):
       return upload(request, response, storage, *args, **kwargs)
     return unavailable
 
-  replaced = [(handlers, method, handlers[method]) for _, handlers in emulator.HANDLERS
-              for method in (emulator.POST, emulator.PUT)
-              if inspect.unwrap(handlers.get(method, len)) in (objects.insert,
-                                                               objects.xml_upload)]
-  for handlers, method, upload in replaced:
-    handlers[method] = failing(upload)
-  try:
+  with _uploads_through(failing):
     yield window
-  finally:
-    for handlers, method, upload in replaced:
-      handlers[method] = upload
 
 
 @pytest.mark.slow  # 90 s of outage each.
