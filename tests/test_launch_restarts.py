@@ -525,7 +525,8 @@ def test_pod_watch_recreates_a_preempted_slice_and_restarts_a_stopped_job(pod, t
   assert "the slice is PREEMPTED: restart 1 of at most 10" in result.stderr
   assert "no more capacity" in result.stderr
   assert "creating, installing or starting on the slice failed (above): restart 2 of at most 10" in result.stderr
-  assert "the job stopped (preempted or killed) on a worker: restart 3 of at most 10" in result.stderr
+  assert ("the job stopped (preempted, killed, or storage unavailable: exit status 69) on a "
+          "worker: restart 3 of at most 10") in result.stderr
   starts = _starts(root)
   assert len(starts) == 6 and len(set(starts)) == 1, starts  # 3 starts x 2 workers, one command.
   assert starts[0] == ("mpx run boolean_gotu --preset paper --distributed "
