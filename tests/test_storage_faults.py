@@ -414,14 +414,22 @@ def test_a_bucket_read_that_hangs_times_out_and_is_retried(reference, bucket, ca
   import fsspec.config
   from mpx.sweep import run_folder
   assert fsspec.config.conf["gs"]["requests_timeout"] == run_folder.REQUEST_TIMEOUT_S
-  monkeypatch.setitem(fsspec.config.conf["gs"], "requests_timeout", 2)
   key = "runs/hung-read"
   out = f"{bucket}/{key}"
   for path in reference.rglob("*"):  # The finished run, uploaded.
     if path.is_file():
       (epath.Path(out) / path.relative_to(reference)).write_bytes(path.read_bytes())
-  with _unanswered_once(f"{key}/metrics.jsonl", 6) as hung:
-    assert cli.main(_argv(out)) == 0
+  # epath keeps the filesystem it made first (with the default timeout): a new one, with
+  # 2 s, for this run, and a new one again after it.
+  fresh = epath.backend._FileSystemSpecBackend._get_filesystem.cache_clear
+  monkeypatch.setitem(fsspec.config.conf["gs"], "requests_timeout", 2)
+  fresh()
+  try:
+    with _unanswered_once(f"{key}/metrics.jsonl", 6) as hung:
+      assert cli.main(_argv(out)) == 0
+  finally:
+    monkeypatch.undo()
+    fresh()
   err = capsys.readouterr().err
   assert hung, "the read was not made"
   assert re.search(rf"^mpx: downloading the run's files from {out} failed \(timed out.*\); "
