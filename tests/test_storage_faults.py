@@ -266,15 +266,19 @@ def test_a_disk_full_during_a_checkpoint_ends_in_one_line_then_the_run_ends_equa
 
 # --- a gs:// run folder -------------------------------------------------------------------
 
+def _upload(local: pathlib.Path, url: str) -> None:
+  for path in local.rglob("*"):
+    if path.is_file():
+      (epath.Path(url) / path.relative_to(local)).write_bytes(path.read_bytes())
+
+
 @pytest.mark.parametrize("folder", [INDEX, pytest.param(ARRAY_DATA, marks=pytest.mark.slow)])
 def test_a_damaged_newest_checkpoint_in_a_bucket_is_set_aside(reference, bucket, capsys,
                                                               folder):
   """The same fallback in a gs:// run folder (a GCS emulator): found, said, renamed in
   the bucket, and the run ends as the uninterrupted local one."""
   out = f"{bucket}/runs/damaged-{folder.replace('/', '-')}"
-  for path in reference.rglob("*"):  # The finished run, uploaded.
-    if path.is_file():
-      (epath.Path(out) / path.relative_to(reference)).write_bytes(path.read_bytes())
+  _upload(reference, out)  # The finished run.
   damaged = _damage(epath.Path(out) / "checkpoints" / "toy_b" / "8", folder)
   capsys.readouterr()
   assert cli.main(_argv(out)) == 0
@@ -416,9 +420,7 @@ def test_a_bucket_read_that_hangs_times_out_and_is_retried(reference, bucket, ca
   assert fsspec.config.conf["gs"]["requests_timeout"] == run_folder.REQUEST_TIMEOUT_S
   key = "runs/hung-read"
   out = f"{bucket}/{key}"
-  for path in reference.rglob("*"):  # The finished run, uploaded.
-    if path.is_file():
-      (epath.Path(out) / path.relative_to(reference)).write_bytes(path.read_bytes())
+  _upload(reference, out)  # The finished run.
   # epath keeps the filesystem it made first (with the default timeout): a new one, with
   # 2 s, for this run, and a new one again after it.
   fresh = epath.backend._FileSystemSpecBackend._get_filesystem.cache_clear
